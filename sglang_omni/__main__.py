@@ -1,0 +1,5 @@
+import sys
+
+from sglang_omni.cli import main
+
+sys.exit(main())

@@ -1,0 +1,162 @@
+"""What a pipeline config class declares, and the resolved, validated configuration.
+
+A pipeline config class (a ``PipelineConfig`` subclass) declares its stages as ``StageSpec``s.
+Files and flags may change a declared stage's fields; they can never add or remove a stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from sglang_omni.errors import ConfigError
+
+BACKENDS = ("native", "hf", "scripted")
+CPU_BACKENDS = ("hf", "scripted")
+
+
+@dataclass(frozen=True)
+class FactoryField:
+    """One ``factory`` option of a stage: its accepted types, default and an optional check."""
+
+    types: tuple[type, ...]
+    default: Any
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+
+
+def _backend_field() -> FactoryField:
+    return FactoryField((str,), "native", "engine backend", choices=BACKENDS)
+
+
+# Factory options every process stage has.
+PROCESS_FACTORY: dict[str, FactoryField] = {
+    "backend": _backend_field(),
+    "startup_timeout_s": FactoryField(
+        (int, float), 900.0, "seconds to wait for the stage's ready handshake", minimum=0.001
+    ),
+    "children": FactoryField(
+        (int,), 0, "scripted backend: idle child processes to start, as native engines do",
+        minimum=0,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A stage a pipeline declares.
+
+    ``role`` is ``reasoner``, ``generation`` or ``orchestrator``; ``process`` says whether the
+    stage runs in its own OS process (the orchestrator lives in the server process).
+    """
+
+    name: str
+    role: str
+    default_gpu: int | None
+    process: bool = True
+    factory_fields: dict[str, FactoryField] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """A stage after merging defaults, file and flags. ``gpu`` is a visible GPU index or None."""
+
+    name: str
+    role: str
+    process: bool
+    gpu: int | None
+    gpu_memory_fraction: float | None
+    factory: dict[str, Any]
+    engine: dict[str, Any]
+
+    @property
+    def backend(self) -> str:
+        return self.factory.get("backend", "native")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "gpu_memory_fraction": self.gpu_memory_fraction,
+            "factory": dict(self.factory),
+            "engine": dict(self.engine),
+        }
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The whole validated configuration the server runs."""
+
+    config_cls: str
+    model_path: str | None
+    stages: dict[str, StageConfig]
+    allowed_local_media_path: str | None = None
+    allowed_media_domain: tuple[str, ...] = ()
+
+    def stage(self, name: str) -> StageConfig:
+        return self.stages[name]
+
+    def process_stages(self) -> list[StageConfig]:
+        return [s for s in self.stages.values() if s.process]
+
+    def pipeline(self) -> type[PipelineConfig]:
+        return pipeline_class(self.config_cls)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config_cls": self.config_cls,
+            "model_path": self.model_path,
+            "allowed_local_media_path": self.allowed_local_media_path,
+            "allowed_media_domain": list(self.allowed_media_domain),
+            "stages": {name: s.to_dict() for name, s in self.stages.items()},
+        }
+
+
+class PipelineConfig:
+    """Base of pipeline config classes: subclasses set ``stage_specs`` and ``mode``.
+
+    ``mode`` tells the server which routes it serves: ``umm`` (interleaved), ``generation``
+    (direct generation) or ``chat`` (text-only Reasoner).
+    """
+
+    stage_specs: ClassVar[tuple[StageSpec, ...]] = ()
+    mode: ClassVar[str] = ""
+
+    @classmethod
+    def spec(cls, name: str) -> StageSpec | None:
+        return next((s for s in cls.stage_specs if s.name == name), None)
+
+    @classmethod
+    def validate(cls, config: ResolvedConfig) -> None:
+        """Cross-field checks of a resolved config; raise ConfigError naming key and fix."""
+
+
+_REGISTRY: dict[str, type[PipelineConfig]] = {}
+
+
+def register_pipeline(cls: type[PipelineConfig]) -> type[PipelineConfig]:
+    """Class decorator: make ``cls`` selectable by its name as ``config_cls``."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+def _load_builtin_pipelines() -> None:
+    # Importing the model packages registers their pipeline classes.
+    import sglang_omni.models.cosmos3  # noqa: F401
+
+
+def pipeline_class(name: str) -> type[PipelineConfig]:
+    """The registered pipeline config class called ``name``; ConfigError names the choices."""
+    _load_builtin_pipelines()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ConfigError(
+            f"config_cls: unknown pipeline config class {name!r}; use one of: {known}"
+        ) from None
+
+
+def registered_pipelines() -> list[str]:
+    _load_builtin_pipelines()
+    return sorted(_REGISTRY)

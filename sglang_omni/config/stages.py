@@ -1,0 +1,39 @@
+"""Stage declarations shared by the pipeline config classes."""
+
+from __future__ import annotations
+
+from sglang_omni.config.schema import PROCESS_FACTORY, FactoryField, StageSpec
+
+MiB = 1024 * 1024
+
+ORCHESTRATOR_FACTORY: dict[str, FactoryField] = {
+    "max_dispatches": FactoryField((int,), 17, "stage dispatches per request", minimum=1),
+    "max_outputs": FactoryField((int,), 17, "segments per request", minimum=1),
+    "max_active": FactoryField((int,), 32, "requests at once; more get 503", minimum=1),
+    "max_retained_bytes": FactoryField((int,), 128 * MiB, "host bytes a request may hold",
+                                       minimum=1),
+    "timeout_s": FactoryField((int, float), 3600.0, "seconds a request may live", minimum=0.001),
+}
+
+GENERATION_FACTORY: dict[str, FactoryField] = {
+    **PROCESS_FACTORY,
+    "output_dir": FactoryField((str,), "outputs", "folder for the native per-request outputs"),
+    "step_time_s": FactoryField((int, float), 0.0,
+                                "scripted backend: seconds per simulated denoising step",
+                                minimum=0),
+}
+
+REASONER_FACTORY: dict[str, FactoryField] = dict(PROCESS_FACTORY)
+
+
+def orchestrator_stage() -> StageSpec:
+    return StageSpec("orchestrator", "orchestrator", None, process=False,
+                     factory_fields=ORCHESTRATOR_FACTORY)
+
+
+def generation_stage(default_gpu: int) -> StageSpec:
+    return StageSpec("generation", "generation", default_gpu, factory_fields=GENERATION_FACTORY)
+
+
+def reasoner_stage(default_gpu: int) -> StageSpec:
+    return StageSpec("reasoner", "reasoner", default_gpu, factory_fields=REASONER_FACTORY)

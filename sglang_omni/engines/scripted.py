@@ -1,0 +1,258 @@
+"""The scripted backend: deterministic engines for tests and the CPU quick start.
+
+They run in the real stage processes behind the same ``Engine`` interface as the native
+backends. The contract (documented in the README) is fixed; tests rely on it.
+
+Reasoner: the first user message may hold ``<omni-script>JSON list</omni-script>``. Turn i
+(``payload["turn_index"]``) answers with entry i: an object is a decision, serialized by the
+request's UMM adapter; a string is returned verbatim. ``delay_s`` simulates Reasoner time. In a
+``text`` value ``{media}`` becomes the JSON list of ``{"kind", "sha256"}`` of every image and video
+in the turn's conversation, and ``{last}`` the text of the last message. Past the script's end
+(or with no script) the answer is ``final`` with ``scripted reasoner: no script entry for turn N``;
+without a script and without an adapter (text-only chat) the reply is a short text derived from
+the input.
+
+Generator: PNG (default 640x640) or H.264 MP4 (``num_frames`` 33 at ``fps`` 24) whose pixels are a
+function of prompt, seed, size and frame index, after ``num_inference_steps`` (4) steps of
+``factory.step_time_s`` seconds, cancellable between steps. Prompt directives: ``!no-media``,
+``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import importlib
+import json
+import logging
+import os
+import re
+from typing import Any
+
+from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.synth_media import encode_mp4, encode_png, frame_pixels
+from sglang_omni.errors import BadRequest
+
+log = logging.getLogger("sglang_omni.scripted")
+
+SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
+INLINE_LIMIT = 8 * 1024 * 1024
+MEDIA_PART_KEYS = {"image_url": "image", "video_url": "video"}
+
+
+# --- Reasoner --------------------------------------------------------------------------------
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def find_script(messages: list[dict[str, Any]]) -> list[Any] | None:
+    """The script list of the first user message, or None; BadRequest if it is not a list."""
+    first = next((m for m in messages if m.get("role") == "user"), None)
+    if first is None:
+        return None
+    match = SCRIPT_RE.search(_text_of(first.get("content")))
+    if match is None:
+        return None
+    try:
+        script = json.loads(match.group(1))
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"<omni-script> does not hold valid JSON: {exc}") from None
+    if not isinstance(script, list):
+        raise BadRequest("<omni-script> must hold a JSON list, one entry per Reasoner turn")
+    return script
+
+
+def _media_bytes(job: Job, url: str) -> bytes:
+    inline = job.frame_for(url)
+    if inline is not None:
+        return inline
+    if url.startswith("data:"):
+        try:
+            return base64.b64decode(url.split(",", 1)[1], validate=False)
+        except (IndexError, binascii.Error):
+            return url.encode()
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if os.path.isfile(path):
+        with open(path, "rb") as fh:
+            return fh.read()
+    return url.encode()  # a remote reference the scripted engine does not fetch
+
+
+def conversation_media(job: Job) -> list[dict[str, str]]:
+    """``{"kind", "sha256"}`` of every image and video part of the conversation, in order."""
+    out = []
+    for message in job.payload.get("messages", []):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = MEDIA_PART_KEYS.get(part.get("type", "")) if isinstance(part, dict) else None
+            if kind is None:
+                continue
+            ref = part[part["type"]]
+            url = ref.get("url", "") if isinstance(ref, dict) else str(ref)
+            out.append({"kind": kind, "sha256": hashlib.sha256(_media_bytes(job, url)).hexdigest()})
+    return out
+
+
+def _substitute(text: str, job: Job) -> str:
+    if "{media}" in text:
+        text = text.replace("{media}", json.dumps(conversation_media(job)))
+    if "{last}" in text:
+        messages = job.payload.get("messages", [])
+        text = text.replace("{last}", _text_of(messages[-1].get("content")) if messages else "")
+    return text
+
+
+def _load_adapter(path: str | None) -> Any:
+    if not path:
+        return None
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class ScriptedReasoner:
+    """Deterministic Reasoner; see the module docstring for the contract."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def run(self, job: Job) -> JobResult:
+        payload = job.payload
+        messages = payload.get("messages", [])
+        turn = int(payload.get("turn_index", 0))
+        adapter = _load_adapter(payload.get("umm_adapter"))
+        script = find_script(messages)
+        entry: Any
+        if script is not None and turn < len(script):
+            entry = script[turn]
+        elif script is None and adapter is None:
+            last = _text_of(messages[-1].get("content")) if messages else ""
+            entry = f"scripted reasoner: you said {last[:200]!r}"
+        else:
+            entry = {"action": "final",
+                     "text": f"scripted reasoner: no script entry for turn {turn}"}
+        if isinstance(entry, dict):
+            entry = dict(entry)
+            delay = float(entry.pop("delay_s", 0) or 0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for key in ("text", "prompt"):
+                if isinstance(entry.get(key), str):
+                    entry[key] = _substitute(entry[key], job)
+            if adapter is not None:
+                text = adapter.render_decision(entry)
+            else:
+                text = str(entry.get("text", entry.get("prompt", "")))
+        else:
+            text = str(entry)
+        if payload.get("stream"):
+            for piece in _pieces(text):
+                job.emit({"text": piece})
+                await asyncio.sleep(0)
+        prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in messages)
+        completion_tokens = len(text.split())
+        return JobResult({
+            "text": text,
+            "finish_reason": "stop",
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
+
+
+def _pieces(text: str, size: int = 16) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+# --- Generator -------------------------------------------------------------------------------
+DIRECTIVE_RE = re.compile(r"^\s*!(no-media|crash|oversize|extra|malformed|sleep=([0-9.]+))")
+
+
+def _int_option(options: dict[str, Any], key: str, default: int) -> int:
+    value = options.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise BadRequest(f"stage_params.generation.{key}: expected a positive integer, "
+                         f"got {value!r}")
+    return int(value)
+
+
+class ScriptedGenerator:
+    """Deterministic generator producing real PNG/MP4 bytes; see the module docstring."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.step_time_s = float(spec.factory.get("step_time_s", 0) or 0)
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def run(self, job: Job) -> JobResult:
+        payload = job.payload
+        modality = payload.get("modality", "image")
+        prompt = str(payload.get("prompt", ""))
+        options = dict(payload.get("options") or {})
+        width = _int_option(options, "width", 640)
+        height = _int_option(options, "height", 640)
+        frames = _int_option(options, "num_frames", 33)
+        fps = _int_option(options, "fps", 24)
+        steps = _int_option(options, "num_inference_steps", 4)
+        seed = int(options.get("seed", 0) or 0)
+        directive = DIRECTIVE_RE.match(prompt)
+        name = directive.group(1) if directive else None
+        if name == "crash":
+            log.error("request %s: !crash directive, exiting the stage process now", job.rid)
+            os._exit(70)
+        if name and name.startswith("sleep="):
+            await asyncio.sleep(float(directive.group(2)))
+        for step in range(steps):
+            try:
+                if self.step_time_s > 0:
+                    await asyncio.sleep(self.step_time_s)
+                else:
+                    await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                log.info("request %s: generation cancelled at step %d of %d", job.rid, step, steps)
+                raise
+            job.emit({"step": step + 1, "steps": steps})
+        if name == "no-media":
+            reason = "scripted directive !no-media: the model ended without media (as native " \
+                     "SGLang does on a guardrail block)"
+            log.warning("request %s: generation produced no media: %s", job.rid, reason)
+            return JobResult({"media": [], "reason": reason})
+        if modality == "video":
+            mime = "video/mp4"
+            data = await asyncio.to_thread(
+                lambda: encode_mp4([frame_pixels(prompt, seed, width, height, i)
+                                    for i in range(frames)], fps))
+        else:
+            mime = "image/png"
+            data = await asyncio.to_thread(
+                lambda: encode_png(frame_pixels(prompt, seed, width, height, 0)))
+        if name == "malformed":
+            data = b"this is not a valid media file " * 8
+        elif name == "oversize":
+            data = data + b"\0" * (INLINE_LIMIT + 1 - len(data))
+        items = [{"kind": modality, "mime_type": mime, "frame": 0}]
+        media_frames = [data]
+        if name == "extra":
+            items.append({"kind": modality, "mime_type": mime, "frame": 1})
+            media_frames.append(data)
+        return JobResult({"media": items, "reason": None}, media_frames)

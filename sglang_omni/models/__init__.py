@@ -1,0 +1,1 @@
+"""Model packages: each registers its pipeline config classes and adapters."""

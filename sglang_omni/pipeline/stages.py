@@ -1,0 +1,57 @@
+"""The set of stage processes a pipeline runs, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.engines.base import EngineSpec
+from sglang_omni.runtime.stage_handle import StageHandle
+
+log = logging.getLogger("sglang_omni.runtime")
+
+
+def engine_spec(config: ResolvedConfig, name: str) -> EngineSpec:
+    stage = config.stage(name)
+    return EngineSpec(
+        stage=name, role=stage.role, backend=stage.backend, model_path=config.model_path,
+        gpu=stage.gpu, gpu_memory_fraction=stage.gpu_memory_fraction,
+        factory=dict(stage.factory), engine=dict(stage.engine),
+        media_policy={"allowed_local_media_path": config.allowed_local_media_path,
+                      "allowed_media_domain": list(config.allowed_media_domain)},
+    )
+
+
+class StageSet:
+    """All process stages of a pipeline, by name."""
+
+    def __init__(self, config: ResolvedConfig, log_level: str = "info") -> None:
+        self.handles: dict[str, StageHandle] = {
+            s.name: StageHandle(engine_spec(config, s.name),
+                                float(s.factory.get("startup_timeout_s", 900)), log_level)
+            for s in config.process_stages()
+        }
+
+    def __getitem__(self, name: str) -> StageHandle:
+        return self.handles[name]
+
+    def get(self, name: str) -> StageHandle | None:
+        return self.handles.get(name)
+
+    @property
+    def healthy(self) -> bool:
+        return all(h.healthy for h in self.handles.values())
+
+    async def start(self) -> None:
+        """Start every stage at once; if one fails, stop the others and re-raise."""
+        results = await asyncio.gather(*(h.start() for h in self.handles.values()),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.stop()
+            raise errors[0]
+        log.info("all stages ready: %s", ", ".join(self.handles))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(h.stop() for h in self.handles.values()))

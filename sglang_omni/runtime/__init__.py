@@ -1,0 +1,1 @@
+"""Stage processes: launch, ready handshake, IPC, death watch and shutdown."""

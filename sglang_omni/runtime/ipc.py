@@ -1,0 +1,80 @@
+"""Framed messages between the server and a stage process.
+
+A message is a msgpack header (a dict) followed by zero or more raw byte frames, so media travel
+as bytes, never re-encoded as text. Each piece goes over a Unix stream socket as an 8-byte length
+and its bytes; a frame is received straight into its own buffer (one copy out of the kernel).
+Sends are serialized by a lock so that a header and its frames stay together.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Any
+
+import msgpack
+
+Frames = list[bytes | bytearray]
+_LEN = struct.Struct("!Q")
+_SOCKET_BUFFER = 4 * 1024 * 1024
+
+
+def channel_pair() -> tuple[socket.socket, socket.socket]:
+    """Two connected sockets: keep one, pass the other to a spawned process."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+    return a, b
+
+
+class Channel:
+    """One end of a duplex stage connection. ``send`` is thread-safe; ``recv`` blocks and is
+    meant for one reader thread. Both raise EOFError once the peer is gone."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+
+    def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
+        frames = frames or []
+        packed = msgpack.packb({**header, "nframes": len(frames)})
+        with self._send_lock:
+            try:
+                self._sock.sendall(_LEN.pack(len(packed)) + packed)
+                for frame in frames:
+                    self._sock.sendall(_LEN.pack(len(frame)))
+                    self._sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise EOFError(str(exc)) from None
+
+    def recv(self) -> tuple[dict[str, Any], Frames]:
+        header = msgpack.unpackb(self._recv_piece())
+        frames = [self._recv_piece() for _ in range(header.pop("nframes", 0))]
+        return header, frames
+
+    def _recv_piece(self) -> bytearray:
+        (size,) = _LEN.unpack(self._recv_exact(_LEN.size))
+        return self._recv_exact(size)
+
+    def _recv_exact(self, size: int) -> bytearray:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            try:
+                n = self._sock.recv_into(view[got:], size - got)
+            except ConnectionResetError:
+                n = 0
+            if n == 0:
+                raise EOFError("the peer closed the channel")
+            got += n
+        return buf
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()

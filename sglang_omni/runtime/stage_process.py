@@ -1,0 +1,152 @@
+"""The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
+
+Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
+``abort {rid}``, ``shutdown``. Stage -> server: ``ready``, ``failed {message}``,
+``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
+``error {rid, token, status, type, message}``, ``aborted {rid, token}``.
+
+The stage leads its own process group, so the server can take down the stage and every child it
+started with one signal, and it dies with the server (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sglang_omni.engines.base import EngineSpec, Job, build_engine
+from sglang_omni.errors import OmniError
+from sglang_omni.runtime.ipc import Channel, Frames
+from sglang_omni.runtime.proc import die_with_parent, start_idle_child
+
+log = logging.getLogger("sglang_omni.stage")
+
+
+def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str) -> None:
+    """Run a stage until shutdown; the exit code is 0 on a clean stop, 1 on startup failure."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = device_env
+    os.setpgid(0, 0)
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server coordinates Ctrl-C
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr,
+        format=f"%(asctime)s [{spec.stage} stage] %(levelname)s %(message)s",
+    )
+    code = asyncio.run(_StageServer(spec, Channel(sock)).serve())
+    sys.exit(code)
+
+
+class _StageServer:
+    def __init__(self, spec: EngineSpec, channel: Channel) -> None:
+        self.spec = spec
+        self.channel = channel
+        self.sender = ThreadPoolExecutor(1, thread_name_prefix="stage-send")
+        self.jobs: dict[str, tuple[Job, asyncio.Task, int]] = {}
+        self.children: list[Any] = []
+
+    def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
+        """Queue a message to the server; ordered, safe from any thread."""
+        self.sender.submit(self._send_now, header, frames)
+
+    def _send_now(self, header: dict[str, Any], frames: Frames | None) -> None:
+        try:
+            self.channel.send(header, frames)
+        except (OSError, EOFError, ValueError):
+            log.warning("server connection lost; dropping %s", header.get("op"))
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.stopping = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+        for _ in range(int(self.spec.factory.get("children", 0) or 0)):
+            self.children.append(start_idle_child())
+        try:
+            self.engine = build_engine(self.spec)
+            await self.engine.start()
+        except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then exit 1
+            log.error("startup failed: %s\n%s", exc, traceback.format_exc())
+            self._send_now({"op": "failed", "message": str(exc)}, None)
+            self._stop_children()
+            return 1
+        threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
+        self._send_now({"op": "ready", "pid": os.getpid()}, None)
+        log.info("ready (backend %s)", self.spec.backend)
+        await self.stopping.wait()
+        for job, task, _ in list(self.jobs.values()):
+            job.cancelled.set()
+            task.cancel()
+        if self.jobs:
+            await asyncio.gather(*(t for _, t, _ in self.jobs.values()), return_exceptions=True)
+        await self.engine.close()
+        self._stop_children()
+        self.sender.shutdown(wait=True)
+        return 0
+
+    def _stop_children(self) -> None:
+        for child in self.children:
+            child.terminate()
+        for child in self.children:
+            try:
+                child.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                child.kill()
+
+    def _read_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                header, frames = self.channel.recv()
+            except (EOFError, OSError):
+                loop.call_soon_threadsafe(self.stopping.set)
+                return
+            loop.call_soon_threadsafe(self._handle, header, frames)
+
+    def _handle(self, header: dict[str, Any], frames: Frames) -> None:
+        op = header.get("op")
+        if op == "submit":
+            rid, token = header["rid"], header["token"]
+            if rid in self.jobs:
+                self.send({"op": "error", "rid": rid, "token": token, "status": 400,
+                           "type": "invalid_request_error",
+                           "message": f"request {rid} is already running on this stage"})
+                return
+            job = Job(rid, header["payload"], frames,
+                      emit=lambda data, r=rid, t=token: self.send(
+                          {"op": "chunk", "rid": r, "token": t, "data": data}))
+            task = asyncio.get_running_loop().create_task(self._run(job, token))
+            self.jobs[rid] = (job, task, token)
+        elif op == "abort":
+            entry = self.jobs.get(header["rid"])
+            if entry is not None:
+                job, task, _ = entry
+                job.cancelled.set()
+                task.cancel()
+        elif op == "shutdown":
+            self.stopping.set()
+
+    async def _run(self, job: Job, token: int) -> None:
+        base = {"rid": job.rid, "token": token}
+        try:
+            result = await self.engine.run(job)
+        except asyncio.CancelledError:
+            log.info("request %s aborted", job.rid)
+            self.send({"op": "aborted", **base})
+        except OmniError as exc:
+            log.warning("request %s failed: %s", job.rid, exc.message)
+            self.send({"op": "error", **base, "status": exc.status, "type": exc.type,
+                       "message": exc.message})
+        except Exception as exc:  # noqa: BLE001 - an engine bug fails the request, not the stage
+            log.error("request %s failed: %s\n%s", job.rid, exc, traceback.format_exc())
+            self.send({"op": "error", **base, "status": 500, "type": "server_error",
+                       "message": f"{self.spec.stage} stage error: {exc}"})
+        else:
+            self.send({"op": "result", **base, "payload": result.payload}, result.frames)
+        finally:
+            self.jobs.pop(job.rid, None)

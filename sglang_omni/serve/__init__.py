@@ -1,0 +1,1 @@
+"""The HTTP layer: FastAPI app, routes, SSE framing and error translation."""

@@ -1,0 +1,140 @@
+"""The FastAPI application: lifespan owns the orchestrator; routes translate the wire."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.errors import BadRequest, OmniError
+from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.runtime.stage_handle import StageResult
+from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
+from sglang_omni.serve.metrics import build_registry
+from sglang_omni.serve.openai_chat import chunk_body, completion_body
+from sglang_omni.serve.sse import SSE_DONE, sse_data
+
+log = logging.getLogger("sglang_omni.serve")
+
+
+def error_response(exc: OmniError) -> JSONResponse:
+    return JSONResponse(exc.to_body(), status_code=exc.status)
+
+
+async def read_json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+def create_app(config: ResolvedConfig, model_name: str | None = None,
+               log_level: str = "info") -> FastAPI:
+    """Build the app; stages start in the lifespan, so a failed stage fails server startup."""
+    orchestrator = Orchestrator(config, log_level)
+    served_name = model_name or config.model_path or config.config_cls
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await orchestrator.start()
+        try:
+            yield
+        finally:
+            await orchestrator.stop()
+
+    app = FastAPI(title="SGLang Omni", lifespan=lifespan)
+    app.state.orchestrator = orchestrator
+    registry = build_registry(orchestrator)
+
+    @app.exception_handler(OmniError)
+    async def _omni_error(_: Request, exc: OmniError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.get("/health")
+    async def health() -> Response:
+        stages = {n: {"status": "ready" if h.healthy else ("exited" if h.dead else "starting"),
+                      "pid": h.pid, "exitcode": h.exitcode}
+                  for n, h in orchestrator.stages.handles.items()}
+        ok = orchestrator.healthy
+        return JSONResponse({"status": "ok" if ok else "unhealthy", "stages": stages},
+                            status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": served_name, "object": "model", "owned_by": "sglang-omni",
+            "root": config.model_path, "pipeline": config.config_cls,
+        }]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request)
+        req = parse_chat_request(body, known_stages=tuple(orchestrator.stages.handles)
+                                 + ("orchestrator",) * (orchestrator.mode == "umm"))
+        if orchestrator.mode == "generation":
+            raise BadRequest("/v1/chat/completions: this server runs Cosmos3PipelineConfig "
+                             "(direct generation); use the image, video and action routes")
+        orchestrator.check_healthy()
+        rid = orchestrator.ids.claim(req.rid)
+        model = req.model or served_name
+        if orchestrator.mode == "chat":
+            if req.stream:
+                return StreamingResponse(_stream_text_chat(orchestrator, rid, model, req),
+                                         media_type="text/event-stream")
+            try:
+                result = await until_disconnect(request, _collect(orchestrator, rid, req))
+            except ClientDisconnected:
+                return Response(status_code=499)
+            return JSONResponse(completion_body(rid, model, result.payload.get("text", ""),
+                                                result.payload.get("finish_reason", "stop"),
+                                                result.payload.get("usage")))
+        raise BadRequest("/v1/chat/completions: interleaved chat is not available in this build")
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        if body.get("stream") and orchestrator.mode != "umm":
+            raise BadRequest("/generate: stream=true is served only by the interleaved pipeline "
+                             "(Cosmos3UMMPipelineConfig); set stream to false")
+        raise BadRequest(f"/generate is not available for {config.config_cls} in this build")
+
+    return app
+
+
+async def _collect(orchestrator: Orchestrator, rid: str, req: Any) -> StageResult:
+    result: StageResult | None = None
+    async for item in orchestrator.text_chat(rid, req):
+        if isinstance(item, StageResult):
+            result = item
+    assert result is not None
+    return result
+
+
+async def _stream_text_chat(orchestrator: Orchestrator, rid: str, model: str,
+                            req: Any) -> AsyncIterator[str]:
+    yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
+    try:
+        async for item in orchestrator.text_chat(rid, req):
+            if isinstance(item, StageResult):
+                usage = item.payload.get("usage") if req.include_usage else None
+                yield sse_data(chunk_body(rid, model, {}, item.payload.get("finish_reason",
+                                                                           "stop"), usage))
+            elif item.get("text"):
+                yield sse_data(chunk_body(rid, model, {"content": item["text"]}))
+    except OmniError as exc:
+        yield sse_data(exc.to_body())
+    yield SSE_DONE

@@ -1,0 +1,148 @@
+"""Stage processes over real HTTP: handshake, abort, death of a stage, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
+
+SLOW_SCRIPT = '<omni-script>[{"action": "final", "text": "late", "delay_s": 30}]</omni-script>'
+
+
+def metric(server: Server, stage: str, outcome: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
+    for line in text.splitlines():
+        if line.startswith(needle):
+            return float(line[len(needle):])
+    raise AssertionError(f"no metric {needle}")
+
+
+def test_ready_handshake_health_and_models() -> None:
+    with Server(*SCRIPTED_UMM) as server:
+        health = httpx.get(f"{server.url}/health").json()
+        assert health["status"] == "ok"
+        assert set(health["stages"]) == {"generation", "reasoner"}
+        assert all(s["status"] == "ready" and s["pid"] for s in health["stages"].values())
+        models = httpx.get(f"{server.url}/v1/models").json()
+        assert models["data"][0]["pipeline"] == "Cosmos3UMMPipelineConfig"
+
+
+def test_startup_timeout_exits_nonzero_naming_the_key() -> None:
+    server = Server(*SCRIPTED_CHAT, "--reasoner.factory.startup_timeout_s", "0.001",
+                    wait_ready=False)
+    try:
+        assert server.proc.wait(60) != 0
+        assert "raise stages.reasoner.factory.startup_timeout_s" in server.log()
+    finally:
+        server.stop()
+
+
+def test_stage_startup_failure_exits_nonzero() -> None:
+    server = Server(*SCRIPTED_CHAT, "--reasoner.factory.backend", "hf", "--model-path", "/none",
+                    wait_ready=False)
+    try:
+        assert server.proc.wait(60) != 0
+        assert "the reasoner stage failed to start" in server.log()
+    finally:
+        server.stop()
+
+
+def test_request_id_reuse_refused() -> None:
+    with Server(*SCRIPTED_CHAT) as server:
+        body = {"rid": "abc", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 200
+        again = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+        assert again.status_code == 400
+        error = again.json()["error"]
+        assert error["code"] == 400 and error["type"] == "invalid_request_error"
+        assert "fresh request ID" in error["message"]
+
+
+def test_closed_stream_aborts_the_stage_job() -> None:
+    with Server(*SCRIPTED_CHAT) as server:
+        body = {"stream": True, "messages": [{"role": "user", "content": SLOW_SCRIPT}]}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())  # the role chunk: the job is running on the stage
+            time.sleep(0.3)
+        deadline = time.monotonic() + 5
+        while metric(server, "reasoner", "aborted") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, "reasoner", "aborted") == 1
+        assert metric(server, "reasoner", "completed") == 0
+
+
+def test_disconnected_non_streaming_request_aborts() -> None:
+    with Server(*SCRIPTED_CHAT) as server:
+        body = {"messages": [{"role": "user", "content": SLOW_SCRIPT}]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.5)
+        deadline = time.monotonic() + 5
+        while metric(server, "reasoner", "aborted") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, "reasoner", "aborted") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_kill_9_fails_in_flight_request_fast(stream: bool) -> None:
+    with Server(*SCRIPTED_CHAT) as server:
+        pid = server.stage_pid("reasoner")
+        result: dict = {}
+
+        def client() -> None:
+            body = {"stream": stream, "messages": [{"role": "user", "content": SLOW_SCRIPT}]}
+            resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+            result["done"] = time.monotonic()
+            result["resp"] = resp
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        time.sleep(0.5)
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        thread.join(30)
+        assert result["done"] - killed < 2.0
+        resp = result["resp"]
+        if stream:
+            events = [json.loads(line[6:]) for line in resp.text.splitlines()
+                      if line.startswith("data: {")]
+            assert events[-1]["error"]["code"] == 500
+            assert "reasoner stage process exited" in events[-1]["error"]["message"]
+        else:
+            assert resp.status_code == 500
+            assert "reasoner stage process exited" in resp.json()["error"]["message"]
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503
+        assert health.json()["stages"]["reasoner"]["status"] == "exited"
+        after = httpx.post(f"{server.url}/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": "hi"}]})
+        assert after.status_code == 503
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_shutdown_leaves_no_process(sig: int) -> None:
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.children", "2",
+                    "--generation.factory.children", "1")
+    try:
+        tree = server.descendants()
+        # two stages, plus three idle children standing in for native workers
+        assert len([p for p in tree if p.ppid() == server.proc.pid]) >= 2
+        assert len(tree) >= 5
+        pids = [p.pid for p in tree] + [server.proc.pid]
+        server.proc.send_signal(sig)
+        server.proc.wait(30)
+        gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                        timeout=10)
+        alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"left behind: {alive}"
+    finally:
+        server.stop()
