@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from fractions import Fraction
 
 import numpy as np
 from PIL import Image
@@ -42,8 +43,11 @@ def encode_mp4(frames: list[np.ndarray], fps: int) -> bytes:
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps, options={"threads": "1"})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for pixels in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+        stream.codec_context.time_base = Fraction(1, fps)
+        for index, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts, frame.time_base = index, Fraction(1, fps)
+            for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
