@@ -146,6 +146,7 @@ class StageHandle:
             return await asyncio.shield(pending.future)
         except asyncio.CancelledError:
             if not pending.future.done():
+                log.info("request %s cancelled; aborting its job on the %s stage", rid, self.name)
                 self.abort(rid)
             raise
         finally:

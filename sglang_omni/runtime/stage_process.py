@@ -120,7 +120,8 @@ class _StageServer:
             job = Job(rid, header["payload"], frames,
                       emit=lambda data, r=rid, t=token: self.send(
                           {"op": "chunk", "rid": r, "token": t, "data": data}))
-            task = asyncio.get_running_loop().create_task(self._run(job, token))
+            task = asyncio.get_running_loop().create_task(self.engine.run(job))
+            task.add_done_callback(lambda t, j=job, k=token: self._finished(j, k, t))
             self.jobs[rid] = (job, task, token)
         elif op == "abort":
             entry = self.jobs.get(header["rid"])
@@ -131,22 +132,24 @@ class _StageServer:
         elif op == "shutdown":
             self.stopping.set()
 
-    async def _run(self, job: Job, token: int) -> None:
+    def _finished(self, job: Job, token: int, task: asyncio.Task) -> None:
+        """Report a job's outcome; runs even when the job was aborted before it started."""
+        self.jobs.pop(job.rid, None)
         base = {"rid": job.rid, "token": token}
-        try:
-            result = await self.engine.run(job)
-        except asyncio.CancelledError:
+        if task.cancelled():
             log.info("request %s aborted", job.rid)
             self.send({"op": "aborted", **base})
-        except OmniError as exc:
+            return
+        exc = task.exception()
+        if exc is None:
+            result = task.result()
+            self.send({"op": "result", **base, "payload": result.payload}, result.frames)
+        elif isinstance(exc, OmniError):
             log.warning("request %s failed: %s", job.rid, exc.message)
             self.send({"op": "error", **base, "status": exc.status, "type": exc.type,
                        "message": exc.message})
-        except Exception as exc:  # noqa: BLE001 - an engine bug fails the request, not the stage
-            log.error("request %s failed: %s\n%s", job.rid, exc, traceback.format_exc())
+        else:  # an engine bug fails the request, not the stage
+            log.error("request %s failed: %s\n%s", job.rid, exc,
+                      "".join(traceback.format_exception(exc)))
             self.send({"op": "error", **base, "status": 500, "type": "server_error",
                        "message": f"{self.spec.stage} stage error: {exc}"})
-        else:
-            self.send({"op": "result", **base, "payload": result.payload}, result.frames)
-        finally:
-            self.jobs.pop(job.rid, None)
