@@ -7,7 +7,8 @@ Reasoner: the first user message may hold ``<omni-script>JSON list</omni-script>
 (``payload["turn_index"]``) answers with entry i: an object is a decision, serialized by the
 request's UMM adapter; a string is returned verbatim. ``delay_s`` simulates Reasoner time. In a
 ``text`` value ``{media}`` becomes the JSON list of ``{"kind", "sha256"}`` of every image and video
-in the turn's conversation, and ``{last}`` the text of the last message. Past the script's end
+in the turn's conversation, ``{last}`` the text of the last message and ``{sampling}`` the
+sampling fields the turn received. Past the script's end
 (or with no script) the answer is ``final`` with ``scripted reasoner: no script entry for turn N``;
 without a script and without an adapter (text-only chat) the reply is a short text derived from
 the input.
@@ -21,8 +22,6 @@ function of prompt, seed, size and frame index, after ``num_inference_steps`` (4
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import importlib
 import json
@@ -34,6 +33,8 @@ from typing import Any
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
 from sglang_omni.engines.synth_media import encode_mp4, encode_png, frame_pixels
 from sglang_omni.errors import BadRequest
+from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media.settings import policy_from_spec
 
 log = logging.getLogger("sglang_omni.scripted")
 
@@ -69,45 +70,45 @@ def find_script(messages: list[dict[str, Any]]) -> list[Any] | None:
     return script
 
 
-def _media_bytes(job: Job, url: str) -> bytes:
-    inline = job.frame_for(url)
-    if inline is not None:
-        return inline
-    if url.startswith("data:"):
-        try:
-            return base64.b64decode(url.split(",", 1)[1], validate=False)
-        except (IndexError, binascii.Error):
-            return url.encode()
-    path = url[len("file://"):] if url.startswith("file://") else url
-    if os.path.isfile(path):
-        with open(path, "rb") as fh:
-            return fh.read()
-    return url.encode()  # a remote reference the scripted engine does not fetch
-
-
-def conversation_media(job: Job) -> list[dict[str, str]]:
-    """``{"kind", "sha256"}`` of every image and video part of the conversation, in order."""
+def media_parts(messages: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(label, kind, url) of every image and video part of the conversation, in order."""
     out = []
-    for message in job.payload.get("messages", []):
+    for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list):
             continue
-        for part in content:
+        for j, part in enumerate(content):
             kind = MEDIA_PART_KEYS.get(part.get("type", "")) if isinstance(part, dict) else None
             if kind is None:
                 continue
             ref = part[part["type"]]
             url = ref.get("url", "") if isinstance(ref, dict) else str(ref)
-            out.append({"kind": kind, "sha256": hashlib.sha256(_media_bytes(job, url)).hexdigest()})
+            out.append((f"messages[{i}].content[{j}].{part['type']}", kind, url))
     return out
 
 
-def _substitute(text: str, job: Job) -> str:
+async def load_conversation_media(job: Job, policy: MediaPolicy) -> list[dict[str, str]]:
+    """Read every image and video of the conversation as a native engine would, under the
+    media policy (fetched again on every turn); ``{"kind", "sha256"}`` of each, in order."""
+    out = []
+    with RequestMediaDir() as workdir:
+        for label, kind, url in media_parts(job.payload.get("messages", [])):
+            data = job.frame_for(url)
+            if data is None:
+                data = await load_bytes(url, policy, workdir, label=label)
+            out.append({"kind": kind, "sha256": hashlib.sha256(data).hexdigest()})
+    return out
+
+
+def _substitute(text: str, job: Job, media: list[dict[str, str]]) -> str:
     if "{media}" in text:
-        text = text.replace("{media}", json.dumps(conversation_media(job)))
+        text = text.replace("{media}", json.dumps(media))
     if "{last}" in text:
         messages = job.payload.get("messages", [])
         text = text.replace("{last}", _text_of(messages[-1].get("content")) if messages else "")
+    if "{sampling}" in text:
+        text = text.replace("{sampling}", json.dumps(job.payload.get("sampling") or {},
+                                                     sort_keys=True))
     return text
 
 
@@ -123,6 +124,7 @@ class ScriptedReasoner:
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
+        self.policy = policy_from_spec(spec.media_policy)
 
     async def start(self) -> None:
         return None
@@ -132,6 +134,7 @@ class ScriptedReasoner:
 
     async def run(self, job: Job) -> JobResult:
         payload = job.payload
+        media = await load_conversation_media(job, self.policy)
         messages = payload.get("messages", [])
         turn = int(payload.get("turn_index", 0))
         adapter = _load_adapter(payload.get("umm_adapter"))
@@ -152,7 +155,7 @@ class ScriptedReasoner:
                 await asyncio.sleep(delay)
             for key in ("text", "prompt"):
                 if isinstance(entry.get(key), str):
-                    entry[key] = _substitute(entry[key], job)
+                    entry[key] = _substitute(entry[key], job, media)
             if adapter is not None:
                 text = adapter.render_decision(entry)
             else:

@@ -1,24 +1,50 @@
 """The orchestrator: owns every request's state in the server process and drives the stages.
 
-Stage processes are executors; the orchestrator starts them, hands out request ids, and routes
-each request by the pipeline's mode. Interleaved requests are run by the UMM controller.
+Stage processes are executors; the orchestrator starts them, hands out request ids, applies the
+media policy and admission, and routes each request by the pipeline's mode. Interleaved
+requests are run by the UMM controller.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.errors import ServiceUnavailable
+from sglang_omni.errors import ConfigError, ServiceUnavailable
+from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.streams import stream_call
+from sglang_omni.pipeline.umm import (
+    Complete,
+    DispatchResult,
+    Limits,
+    Segment,
+    UMMController,
+    UMMPipelineConfig,
+    UMMRequest,
+    UMMRun,
+)
+from sglang_omni.runtime.ipc import Frames
 from sglang_omni.runtime.request_ids import RequestIds
-from sglang_omni.runtime.stage_handle import StageResult
+from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.chat_request import ChatRequest
 
 log = logging.getLogger("sglang_omni.orchestrator")
+
+
+def media_policy(config: ResolvedConfig) -> MediaPolicy:
+    """The media policy of ``config``; ConfigError naming the key when it is invalid."""
+    local = config.allowed_local_media_path
+    try:
+        return MediaPolicy(allowed_local_media_path=Path(local) if local else None,
+                           allowed_media_domains=tuple(config.allowed_media_domain))
+    except ValueError as exc:
+        key = "allowed_local_media_path" if local and str(local) in str(exc) \
+            else "allowed_media_domain"
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 class Orchestrator:
@@ -26,9 +52,19 @@ class Orchestrator:
 
     def __init__(self, config: ResolvedConfig, log_level: str = "info") -> None:
         self.config = config
-        self.mode = config.pipeline().mode
+        self.pipeline = config.pipeline()
+        self.mode = self.pipeline.mode
+        self.policy = media_policy(config)
         self.stages = StageSet(config, log_level)
         self.ids = RequestIds()
+        self.active: set[str] = set()
+        self.controller: UMMController | None = None
+        if issubclass(self.pipeline, UMMPipelineConfig):
+            factory = config.stage("orchestrator").factory
+            self.limits = Limits.from_factory(factory)
+            self.max_active = int(factory["max_active"])
+            self.controller = UMMController(self.pipeline.adapter_cls, self.limits,
+                                            self._call, self.pipeline.max_generations)
 
     async def start(self) -> None:
         await self.stages.start()
@@ -46,6 +82,12 @@ class Orchestrator:
             raise ServiceUnavailable(f"stage(s) {', '.join(dead)} are not running; the server is "
                                      "unhealthy and needs a restart")
 
+    async def _call(self, stage: str, rid: str, payload: dict[str, Any],
+                    frames: Frames) -> DispatchResult:
+        result = await self.stages[stage].call(rid, payload, frames)
+        return DispatchResult(stage, result.payload, result.frames)
+
+    # --- routes ------------------------------------------------------------------------------
     async def text_chat(self, rid: str, req: ChatRequest
                         ) -> AsyncIterator[dict[str, Any] | StageResult]:
         """One Reasoner completion: yields ``{"text": delta}`` chunks, then the StageResult."""
@@ -61,3 +103,32 @@ class Orchestrator:
         }
         async for item in stream_call(self.stages["reasoner"], rid, payload):
             yield item
+
+    def open_interleaved(self, request: UMMRequest) -> UMMRun:
+        """Check and admit an interleaved request (400 or 503 before any model work).
+
+        The caller must iterate ``run.events()`` through ``interleaved_events`` or call
+        ``release(rid)``.
+        """
+        assert self.controller is not None
+        self.check_healthy()
+        if len(self.active) >= self.max_active:
+            raise ServiceUnavailable(
+                f"the server is at stages.orchestrator.factory.max_active ({self.max_active}) "
+                "requests; retry later"
+            )
+        run = self.controller.open(request)
+        self.active.add(request.rid)
+        return run
+
+    def release(self, rid: str) -> None:
+        self.active.discard(rid)
+
+    async def interleaved_events(self, run: UMMRun) -> AsyncIterator[Segment | Complete]:
+        """Drive an admitted run; releases its admission when the iterator ends."""
+        try:
+            async for event in run.events():
+                yield event
+        finally:
+            run.close()
+            self.release(run.request.rid)

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sglang_omni.runtime.ipc import Frames
-from sglang_omni.runtime.stage_handle import StageHandle, StageResult
+from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage_result import StageResult
 
 _DONE = object()
 

@@ -25,6 +25,7 @@ from sglang_omni.engines.base import EngineSpec
 from sglang_omni.errors import OmniError, ServerError, StageDied
 from sglang_omni.runtime.ipc import Channel, Frames, channel_pair
 from sglang_omni.runtime.proc import kill_group
+from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.runtime.stage_process import stage_main
 
 log = logging.getLogger("sglang_omni.runtime")
@@ -43,12 +44,6 @@ class StageCallError(OmniError):
         super().__init__(message)
         self.status = status
         self.type = type_
-
-
-@dataclass
-class StageResult:
-    payload: dict[str, Any]
-    frames: Frames
 
 
 @dataclass

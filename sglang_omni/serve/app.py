@@ -11,16 +11,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.errors import BadRequest, OmniError
+from sglang_omni.media import check_chat_request
 from sglang_omni.pipeline.orchestrator import Orchestrator
-from sglang_omni.runtime.stage_handle import StageResult
+from sglang_omni.pipeline.umm import UMMRequest, UMMRun
+from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.chat_request import parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
+from sglang_omni.serve.generate_request import parse_generate_request
 from sglang_omni.serve.metrics import build_registry
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.sse import SSE_DONE, sse_data
+from sglang_omni.serve.umm_wire import chat_json, chat_sse, collect, generate_json, generate_sse
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -78,14 +83,37 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    stage_names = tuple(orchestrator.stages.handles)
+
+    def open_run(rid: str, messages: list, sampling: dict, stage_params: dict,
+                 stage_sampling: dict) -> UMMRun:
+        return orchestrator.open_interleaved(UMMRequest(
+            rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
+            stage_sampling=stage_sampling, media_policy=orchestrator.policy))
+
+    async def respond_interleaved(request: Request, run: UMMRun, stream_form: Any,
+                                  json_form: Any) -> Response:
+        events = orchestrator.interleaved_events(run)
+        if stream_form is not None:
+            return StreamingResponse(stream_form(events), media_type="text/event-stream",
+                                     background=BackgroundTask(orchestrator.release,
+                                                               run.request.rid))
+        try:
+            done = await until_disconnect(request, collect(events))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        finally:
+            await events.aclose()
+        return JSONResponse(json_form(done))
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
-        req = parse_chat_request(body, known_stages=tuple(orchestrator.stages.handles)
-                                 + ("orchestrator",) * (orchestrator.mode == "umm"))
         if orchestrator.mode == "generation":
             raise BadRequest("/v1/chat/completions: this server runs Cosmos3PipelineConfig "
                              "(direct generation); use the image, video and action routes")
+        req = parse_chat_request(body, known_stages=stage_names)
+        check_chat_request(body, orchestrator.policy)
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
         model = req.model or served_name
@@ -100,17 +128,35 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
             return JSONResponse(completion_body(rid, model, result.payload.get("text", ""),
                                                 result.payload.get("finish_reason", "stop"),
                                                 result.payload.get("usage")))
-        raise BadRequest("/v1/chat/completions: interleaved chat is not available in this build")
+        if req.response_format is not None:
+            raise BadRequest("response_format: the interleaved pipeline sets the Reasoner's "
+                             "decision format itself; remove response_format")
+        if req.extra.get("logprobs") or req.extra.get("return_logprob"):
+            raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
+        run = open_run(rid, req.messages, req.sampling, req.stage_params, req.stage_sampling)
+        stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
+            if req.stream else None
+        return await respond_interleaved(request, run, stream_form,
+                                         lambda done: chat_json(rid, model, done))
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
-        if body.get("stream") and orchestrator.mode != "umm":
-            raise BadRequest("/generate: stream=true is served only by the interleaved pipeline "
-                             "(Cosmos3UMMPipelineConfig); set stream to false")
-        raise BadRequest(f"/generate is not available for {config.config_cls} in this build")
+        if orchestrator.mode != "umm":
+            if body.get("stream"):
+                raise BadRequest("/generate: stream=true is served only by the interleaved "
+                                 "pipeline (Cosmos3UMMPipelineConfig); set stream to false")
+            raise BadRequest(f"/generate is served by the interleaved pipeline; this server "
+                             f"runs {config.config_cls}")
+        req = parse_generate_request(body, stage_names)
+        check_chat_request(req.chat_body, orchestrator.policy)
+        orchestrator.check_healthy()
+        rid = orchestrator.ids.claim(req.rid)
+        run = open_run(rid, req.messages, req.sampling, req.stage_params, req.stage_sampling)
+        return await respond_interleaved(request, run, generate_sse if req.stream else None,
+                                         lambda done: generate_json(rid, done))
 
     return app
 

@@ -1,5 +1,6 @@
-"""NVIDIA Cosmos3 Nano: pipeline config classes (and the interleaving adapter)."""
+"""NVIDIA Cosmos3 Nano: the interleaving adapter and the pipeline config classes."""
 
+from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 from sglang_omni.models.cosmos3.configs import (
     Cosmos3PipelineConfig,
     Cosmos3ReasonerPipelineConfig,
@@ -9,5 +10,6 @@ from sglang_omni.models.cosmos3.configs import (
 __all__ = [
     "Cosmos3PipelineConfig",
     "Cosmos3ReasonerPipelineConfig",
+    "Cosmos3UMMAdapter",
     "Cosmos3UMMPipelineConfig",
 ]

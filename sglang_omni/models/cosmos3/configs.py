@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+import math
+
 from sglang_omni.config.schema import PipelineConfig, register_pipeline
 from sglang_omni.config.stages import generation_stage, orchestrator_stage, reasoner_stage
+from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
+from sglang_omni.models.cosmos3.decision import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
+from sglang_omni.pipeline.media_checks import INLINE_LIMIT
+from sglang_omni.pipeline.umm import UMMPipelineConfig
+
+UTF8_MAX = 4  # bytes per character at worst
 
 
 @register_pipeline
-class Cosmos3UMMPipelineConfig(PipelineConfig):
+class Cosmos3UMMPipelineConfig(UMMPipelineConfig):
     """Interleaved understanding and generation: generation on GPU 0, Reasoner on GPU 1."""
 
-    mode = "umm"
     stage_specs = (orchestrator_stage(), generation_stage(0), reasoner_stage(1))
+    adapter_cls = Cosmos3UMMAdapter
+    max_generations = 8
+
+    @classmethod
+    def largest_output_bytes(cls, max_dispatches: int) -> int:
+        """Generations at the inline limit as base64 data URLs, a prompt per generation and an
+        answer per other turn at the character limits in worst-case UTF-8 (about 86 MiB for
+        17 dispatches)."""
+        generations = min(cls.max_generations, max(0, (max_dispatches - 1) // 2))
+        media = generations * 4 * math.ceil(INLINE_LIMIT / 3)
+        text = (generations * MAX_PROMPT_CHARS
+                + (max_dispatches - generations) * MAX_ANSWER_CHARS) * UTF8_MAX
+        return media + text
 
 
 @register_pipeline

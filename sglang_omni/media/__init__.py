@@ -1,0 +1,44 @@
+"""The media policy every route and stage applies to client-supplied media references.
+
+* :mod:`.policy`: :class:`MediaPolicy`, the allow/refuse decision (no network I/O);
+* :mod:`.refs`: every media reference of a chat request / generation options, with labels;
+* :mod:`.fetch`: :func:`materialize` / :func:`load_bytes`, the guarded reads;
+* :mod:`.workdir`: :class:`RequestMediaDir`, the per-request temp folder;
+* :mod:`.urls`, :mod:`.local`, :mod:`.inline`: the syntax rules for each kind of reference.
+"""
+
+from sglang_omni.media.fetch import fetch_remote, load_bytes, materialize
+from sglang_omni.media.policy import (
+    NATIVE_MEDIA_URL_MAX_FILE_SIZE_MB,
+    InlineMedia,
+    LocalMedia,
+    MediaPolicy,
+    MediaSource,
+    PassThrough,
+    RemoteMedia,
+)
+from sglang_omni.media.refs import (
+    check_chat_request,
+    check_generation_options,
+    iter_chat_media_refs,
+    iter_generation_media_refs,
+)
+from sglang_omni.media.workdir import RequestMediaDir
+
+__all__ = [
+    "NATIVE_MEDIA_URL_MAX_FILE_SIZE_MB",
+    "InlineMedia",
+    "LocalMedia",
+    "MediaPolicy",
+    "MediaSource",
+    "PassThrough",
+    "RemoteMedia",
+    "RequestMediaDir",
+    "check_chat_request",
+    "check_generation_options",
+    "fetch_remote",
+    "iter_chat_media_refs",
+    "iter_generation_media_refs",
+    "load_bytes",
+    "materialize",
+]

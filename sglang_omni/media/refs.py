@@ -1,0 +1,84 @@
+"""Finding every media reference a request carries, so each can be checked before model work.
+
+Labels name where a reference sits in the request (``messages[0].content[1].image_url``,
+``images[2]``, ``image_path``) and appear in refusal messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from sglang_omni.errors import BadRequest
+from sglang_omni.media.policy import MediaPolicy
+
+#: Chat content part keys that carry a media URL (as a string or ``{"url": ...}``).
+CHAT_MEDIA_PART_KEYS = ("image_url", "video_url", "audio_url")
+#: Top-level request lists of media references.
+TOP_LEVEL_MEDIA_LISTS = ("images", "videos", "audios")
+#: Generation option keys that name media (a string or a list of strings).
+GENERATION_MEDIA_KEYS = ("image_path", "video_path")
+
+
+def _url_of(value: object, label: str) -> tuple[str, str]:
+    """The reference inside a ``"..."`` or ``{"url": "..."}`` value, with its label."""
+    if isinstance(value, Mapping):
+        value, label = value.get("url"), f"{label}.url"
+    if not isinstance(value, str):
+        raise BadRequest(f"{label} must be a URL string")
+    return label, value
+
+
+def iter_chat_media_refs(body: Mapping) -> Iterator[tuple[str, str]]:
+    """Yield ``(label, ref)`` for every media reference of an OpenAI chat request body.
+
+    Covers ``messages[*].content[*]`` parts holding ``image_url``/``video_url``/``audio_url``
+    (whatever their ``type`` says) and the top-level ``images``/``videos``/``audios`` lists.
+    A media field that is not a string (or ``{"url": string}``) raises :class:`BadRequest`;
+    other malformed structure is left to request validation.
+    """
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if not isinstance(content, list):
+                continue
+            for j, part in enumerate(content):
+                if not isinstance(part, Mapping):
+                    continue
+                for key in CHAT_MEDIA_PART_KEYS:
+                    if key in part:
+                        yield _url_of(part[key], f"messages[{i}].content[{j}].{key}")
+    for key in TOP_LEVEL_MEDIA_LISTS:
+        if body.get(key) is None:
+            continue
+        items = body[key]
+        if not isinstance(items, list):
+            raise BadRequest(f"{key} must be a list of media URLs")
+        for k, item in enumerate(items):
+            yield _url_of(item, f"{key}[{k}]")
+
+
+def iter_generation_media_refs(options: Mapping, *, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """Yield ``(label, ref)`` for the ``image_path``/``video_path`` options (string or list)."""
+    for key in GENERATION_MEDIA_KEYS:
+        value = options.get(key)
+        if value is None:
+            continue
+        label = f"{prefix}{key}"
+        if isinstance(value, list | tuple):
+            for k, item in enumerate(value):
+                yield _url_of(item, f"{label}[{k}]")
+        else:
+            yield _url_of(value, label)
+
+
+def check_chat_request(body: Mapping, policy: MediaPolicy) -> None:
+    """Refuse (400) a chat request carrying any media reference ``policy`` does not allow."""
+    for label, ref in iter_chat_media_refs(body):
+        policy.check(ref, label=label)
+
+
+def check_generation_options(options: Mapping, policy: MediaPolicy, *, prefix: str = "") -> None:
+    """Refuse (400) generation options naming any media ``policy`` does not allow."""
+    for label, ref in iter_generation_media_refs(options, prefix=prefix):
+        policy.check(ref, label=label)

@@ -1,0 +1,90 @@
+"""The per-request temporary folder that holds fetched and decoded media.
+
+Every file Omni writes for a request (fetched remote media, decoded ``data:`` URLs) lives in the
+request's :class:`RequestMediaDir`, a private folder (mode 0700, files 0600) that is removed when
+the request ends: on ``with``/``async with`` exit whatever the outcome (error, cancellation),
+on an explicit :meth:`RequestMediaDir.close`, or, as a last resort, when the object is garbage
+collected or the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from types import TracebackType
+
+_SUFFIX_RE = re.compile(r"^\.[A-Za-z0-9]{1,15}$")
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class RequestMediaDir:
+    """A temporary folder owned by one request; removed on exit, idempotently.
+
+    ``base``: the parent folder (default: the system temp folder). The folder is created at
+    construction. Closing is synchronous and never awaits, so a cancelled task still removes it.
+    """
+
+    def __init__(self, base: str | os.PathLike[str] | None = None, *, prefix: str = "omni-media-"):
+        self._path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        self._finalizer = weakref.finalize(self, _remove, str(self._path))
+
+    @property
+    def path(self) -> Path:
+        """The folder's path (it no longer exists once closed)."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def new_file(self, suffix: str = "") -> Path:
+        """Create an empty private file in the folder and return its path.
+
+        ``suffix`` is kept only if it looks like a file extension (``.png``); it is dropped
+        otherwise, so a client-chosen suffix can never add path components.
+        """
+        if self.closed:
+            raise RuntimeError("the request's media folder is already closed")
+        fd, name = tempfile.mkstemp(
+            suffix=suffix if _SUFFIX_RE.match(suffix) else "", dir=self._path
+        )
+        os.close(fd)
+        return Path(name)
+
+    def contains(self, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` (resolved) lies inside this folder."""
+        resolved = Path(os.path.realpath(os.fspath(path)))
+        return resolved.is_relative_to(Path(os.path.realpath(self._path)))
+
+    def close(self) -> None:
+        """Remove the folder and everything in it. Safe to call more than once."""
+        self._finalizer()
+
+    def __enter__(self) -> RequestMediaDir:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RequestMediaDir:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,189 @@
+"""``Cosmos3UMMAdapter``: prompts, the decision format, media conversion and modality rules of
+interleaved Cosmos3 requests. The controller drives it; it knows no transport."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from sglang_omni.errors import BadRequest, ServerError
+from sglang_omni.models.cosmos3 import decision, prompts
+from sglang_omni.models.cosmos3.generation_options import (
+    DEFAULT_VIDEO_FRAMES,
+    MEDIA_OPTIONS,
+    check_generation_options,
+    modalities_for,
+)
+from sglang_omni.pipeline.media_checks import check_generated_media
+from sglang_omni.pipeline.umm import (
+    IMAGE,
+    TEXT,
+    VIDEO,
+    Budget,
+    Dispatch,
+    DispatchResult,
+    Output,
+    Step,
+    UMMRequest,
+)
+
+ADAPTER_PATH = "sglang_omni.models.cosmos3.adapter:Cosmos3UMMAdapter"
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "seed")
+LENGTH_STOP_KEYS = ("max_tokens", "max_completion_tokens", "max_new_tokens", "stop",
+                    "stop_token_ids", "min_tokens", "min_new_tokens", "ignore_eos",
+                    "stop_regex", "no_stop_trim")
+REFUSED_REASONER_PARAMS = ("response_format", "json_schema", "regex", "ebnf", "tools",
+                           "tool_choice", "messages", "stream", "n", "logprobs", "top_logprobs")
+
+
+def decision_sampling(request: UMMRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(sampling, other native fields) for every decision: greedy unless the client set a
+    sampling field (top level < stage_sampling.reasoner < stage_params.reasoner); length and
+    stop settings never apply."""
+    sampling: dict[str, Any] = {"temperature": 0.0}
+    extra: dict[str, Any] = {}
+    layers = (request.sampling, request.stage_sampling.get("reasoner", {}),
+              request.stage_params.get("reasoner", {}))
+    for where, layer in zip(("", "stage_sampling.reasoner.", "stage_params.reasoner."), layers,
+                            strict=True):
+        for key, value in layer.items():
+            if key in LENGTH_STOP_KEYS:
+                continue
+            if key in REFUSED_REASONER_PARAMS:
+                raise BadRequest(f"{where}{key}: the interleaved pipeline sets this itself for "
+                                 "each decision; remove it")
+            if key in SAMPLING_KEYS:
+                sampling[key] = value
+            elif where == "stage_params.reasoner.":
+                extra[key] = value
+            else:
+                raise BadRequest(f"{where}{key}: not a sampling field; put other native fields "
+                                 "under stage_params.reasoner")
+    return sampling, extra
+
+
+class Cosmos3UMMAdapter:
+    """One per request; see ``UMMAdapter`` for the contract."""
+
+    render_decision = staticmethod(decision.render)  # used by the scripted Reasoner
+
+    def __init__(self) -> None:
+        self.turns: list[dict[str, Any]] = []  # assistant decision + the user reply to it
+        self.frames: list[bytes | bytearray] = []
+        self.generations = 0
+        self.reasoner_turns = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.pending: decision.Decision | None = None
+
+    # --- contract ----------------------------------------------------------------------------
+    def start(self, request: UMMRequest, budget: Budget) -> Step:
+        self.request = request
+        unknown = [s for s in request.stage_params if s not in ("reasoner", "generation")]
+        if unknown:
+            raise BadRequest(f"stage_params.{unknown[0]}: no such stage; use reasoner or "
+                             "generation")
+        self.options = check_generation_options(request.stage_params.get("generation"))
+        for key in MEDIA_OPTIONS:
+            if key in self.options and request.media_policy is not None:
+                request.media_policy.check(self.options[key],
+                                           label=f"stage_params.generation.{key}")
+        self.modalities = modalities_for(self.options)
+        self.sampling, self.native_fields = decision_sampling(request)
+        return Step(dispatch=self._reasoner_turn(budget))
+
+    def advance(self, result: DispatchResult, budget: Budget) -> Step:
+        if result.stage == "generation":
+            return self._after_generation(result, budget)
+        return self._after_decision(result, budget)
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "reasoner_turns": self.reasoner_turns, "generations": self.generations}
+
+    def close(self) -> None:
+        self.frames.clear()
+        self.turns.clear()
+
+    # --- turns -------------------------------------------------------------------------------
+    def _after_decision(self, result: DispatchResult, budget: Budget) -> Step:
+        usage = result.payload.get("usage") or {}
+        self.prompt_tokens += int(usage.get("prompt_tokens", 0))
+        self.completion_tokens += int(usage.get("completion_tokens", 0))
+        raw = str(result.payload.get("text", ""))
+        made = decision.parse(raw)
+        if made.action == "final":
+            if not made.text.strip():
+                return Step(finish_reason="stop")
+            return Step(outputs=(Output(TEXT, text=made.text),), finish_reason="stop")
+        self.turns.append({"role": "assistant", "content": raw})
+        receipt = self._receipt_for(made, budget)
+        if receipt is not None:
+            self.turns.append({"role": "user", "content": receipt})
+            return Step(dispatch=self._reasoner_turn(budget))
+        self.pending = made
+        options = copy.deepcopy(self.options)
+        if made.action == VIDEO:
+            options.setdefault("num_frames", DEFAULT_VIDEO_FRAMES)
+        else:
+            options.pop("num_frames", None)
+        return Step(dispatch=Dispatch("generation", {
+            "modality": made.action, "prompt": made.text, "options": options}, [],
+            modality=made.action))
+
+    def _receipt_for(self, made: decision.Decision, budget: Budget) -> str | None:
+        if not made.text.strip():
+            return prompts.BLANK_PROMPT.format(kind=made.action)
+        if made.action not in self.modalities:
+            allowed = " and ".join(f"{m}s" for m in self.modalities)
+            return prompts.MODALITY_REFUSED.format(allowed=allowed, kind=made.action)
+        if budget.generations_left <= 0:
+            return prompts.NO_GENERATIONS_LEFT.format(kind=made.action)
+        if budget.planned_generations is not None and budget.planned_generations <= 0:
+            return prompts.NO_TIME_LEFT.format(kind=made.action)
+        return None
+
+    def _after_generation(self, result: DispatchResult, budget: Budget) -> Step:
+        made = self.pending
+        if made is None:
+            raise ServerError("a generation result arrived with no generation pending")
+        self.pending = None
+        data, mime = check_generated_media(made.action, result.payload, result.frames)
+        self.generations += 1
+        self.frames.append(data)
+        key = "image_url" if made.action == IMAGE else "video_url"
+        self.turns.append({"role": "user", "content": [
+            {"type": key, key: {"url": f"omni-frame://{len(self.frames) - 1}"}},
+            {"type": "text", "text": prompts.generated(made.action, self.generations, made.text)},
+        ]})
+        return Step(outputs=(Output(made.action, data=data, mime_type=mime),),
+                    dispatch=self._reasoner_turn(budget))
+
+    def _reasoner_turn(self, budget: Budget) -> Dispatch:
+        generations_left = budget.generations_left
+        if budget.planned_generations is not None:
+            generations_left = min(generations_left, budget.planned_generations)
+        modalities = self.modalities if generations_left > 0 else ()
+        messages = copy.deepcopy(self.request.messages)
+        guide = prompts.instructions(generations_left, modalities)
+        if messages and messages[0].get("role") == "system":
+            first = messages[0]
+            text = first["content"] if isinstance(first["content"], str) else " ".join(
+                p.get("text", "") for p in first["content"] if p.get("type") == "text")
+            messages[0] = {"role": "system", "content": f"{guide}\n\n{text}"}
+        else:
+            messages.insert(0, {"role": "system", "content": guide})
+        messages.extend(copy.deepcopy(self.turns))
+        self.reasoner_turns += 1
+        payload = {
+            "messages": messages,
+            "sampling": dict(self.sampling),
+            "stage_params": dict(self.native_fields),
+            "response_format": decision.response_format(modalities),
+            "stream": False,
+            "turn_index": self.reasoner_turns - 1,
+            "umm_adapter": ADAPTER_PATH,
+        }
+        return Dispatch("reasoner", payload, list(self.frames))

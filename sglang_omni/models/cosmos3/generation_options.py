@@ -1,0 +1,72 @@
+"""``stage_params.generation``: the options the native Cosmos3 image and video routes accept.
+
+They apply to every generation of a request and are checked before the first turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_omni.errors import BadRequest
+
+INT, NUM, STR, BOOL, LIST = (int,), (int, float), (str,), (bool,), (list,)
+OPTIONS: dict[str, tuple[type, ...]] = {
+    "width": INT, "height": INT, "num_frames": INT, "fps": INT, "seed": INT,
+    "num_inference_steps": INT, "guidance_scale": NUM, "negative_prompt": STR,
+    "image_path": STR, "video_path": STR, "flow_shift": NUM, "max_sequence_length": INT,
+    "generate_sound": BOOL, "sound_duration": NUM, "use_guardrails": BOOL,
+    "action_mode": STR, "action": LIST, "domain_name": STR, "domain_id": INT,
+    "raw_action_dim": INT, "action_horizon": INT,
+}
+POSITIVE = ("width", "height", "num_frames", "fps", "num_inference_steps")
+MEDIA_OPTIONS = ("image_path", "video_path")
+NOT_HERE = {
+    "output_path": "Omni returns generated media inline and manages native output folders",
+    "output_file_name": "Omni returns generated media inline and manages native output folders",
+    "save_output": "Omni returns generated media inline",
+    "return_frames": "Omni returns generated media inline",
+    "return_file_paths_only": "Omni returns generated media inline",
+    "num_outputs_per_prompt": "each generation returns exactly one media item",
+    "prompt": "the Reasoner writes each generation prompt",
+    "n": "each generation returns exactly one media item",
+}
+ACTION_MODES = ("forward_dynamics",)
+DEFAULT_VIDEO_FRAMES = 33
+
+
+def check_generation_options(options: Any) -> dict[str, Any]:
+    """Return a copy of valid options; BadRequest naming the field otherwise."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise BadRequest("stage_params.generation: expected an object of generation options")
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        where = f"stage_params.generation.{key}"
+        if key in NOT_HERE:
+            raise BadRequest(f"{where}: not accepted by the interleaved pipeline: "
+                             f"{NOT_HERE[key]}; remove it")
+        types = OPTIONS.get(key)
+        if types is None:
+            raise BadRequest(f"{where}: not an option of the native image and video routes; "
+                             f"accepted: {', '.join(sorted(OPTIONS))}")
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            names = "/".join("number" if t is float else t.__name__ for t in types)
+            raise BadRequest(f"{where}: expected {names}, got {value!r}")
+        if key in POSITIVE and value <= 0:
+            raise BadRequest(f"{where}: expected a positive integer, got {value!r}")
+        if key == "action_mode" and value not in ACTION_MODES:
+            raise BadRequest(f"{where}: {value!r} returns actions, not media; the interleaved "
+                             f"pipeline takes {', '.join(ACTION_MODES)} (use the direct "
+                             "generation action route for the others)")
+        out[key] = value
+    return out
+
+
+def modalities_for(options: dict[str, Any]) -> tuple[str, ...]:
+    """The media the Reasoner may request under these options."""
+    if options.get("action_mode") == "forward_dynamics":
+        return ("video",)
+    return ("image", "video")

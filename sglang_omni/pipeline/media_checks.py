@@ -1,0 +1,41 @@
+"""Checks on media a generation stage returns before they reach the client or the Reasoner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_omni.engines.synth_media import sniff_mime
+from sglang_omni.errors import ServerError
+from sglang_omni.runtime.ipc import Frames
+
+INLINE_LIMIT = 8 * 1024 * 1024
+MIME_BY_KIND = {"image": ("image/png", "image/jpeg", "image/webp"), "video": ("video/mp4",)}
+
+
+def check_generated_media(kind: str, payload: dict[str, Any],
+                          frames: Frames) -> tuple[bytes | bytearray, str]:
+    """Exactly one item of ``kind`` within the inline limit whose bytes are what they claim;
+    ServerError otherwise (the request fails)."""
+    items = payload.get("media") or []
+    if not items:
+        reason = payload.get("reason") or "no reason given"
+        raise ServerError(f"the {kind} generation ended without media ({reason}); the "
+                          "generation stage log has the details")
+    if len(items) != 1:
+        raise ServerError(f"the {kind} generation returned {len(items)} media items; exactly "
+                          "one was expected")
+    item = items[0]
+    index = item.get("frame")
+    if not isinstance(index, int) or not 0 <= index < len(frames):
+        raise ServerError(f"the {kind} generation returned a media item without its bytes")
+    data = frames[index]
+    if len(data) > INLINE_LIMIT:
+        raise ServerError(f"the generated {kind} is {len(data)} bytes, over the 8 MiB inline "
+                          "limit")
+    declared = item.get("mime_type")
+    if item.get("kind") != kind or declared not in MIME_BY_KIND[kind]:
+        raise ServerError(f"the {kind} generation returned a {item.get('kind')} item of type "
+                          f"{declared}")
+    if sniff_mime(bytes(data[:16])) != declared:
+        raise ServerError(f"the generated {kind} is malformed: its bytes are not {declared}")
+    return data, declared

@@ -1,0 +1,335 @@
+"""The interleaving controller contract: ``UMMAdapter``, ``UMMPipelineConfig`` and the
+model-agnostic ``UMMController`` that drives any adapter.
+
+The controller knows no model. Per request it asks the adapter for a ``Step``: outputs to emit
+now and the next ``Dispatch`` (a payload for a stage), or none and a finish reason. It runs each
+dispatch on its stage, hands the result back to the adapter, and repeats. It owns the limits
+(``max_dispatches``, ``max_outputs``, ``max_retained_bytes``, ``timeout_s``), numbers the segments,
+and turns outputs into wire segments. Each dispatch carries a fresh token that its result must
+echo (enforced by the stage handle), so a stale, duplicated or forged result never advances a
+request. The adapter owns prompts, the decision format, media conversion and modality rules.
+
+See ``docs/umm-controller.md`` for the contract with a worked example.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
+from sglang_omni.config.stages import MiB
+from sglang_omni.errors import ConfigError, RequestTimeout, ServerError
+from sglang_omni.runtime.ipc import Frames
+
+TEXT, IMAGE, VIDEO = "text", "image", "video"
+
+
+# --- what adapters exchange with the controller -------------------------------------------------
+@dataclass(frozen=True)
+class UMMRequest:
+    """A checked client request. ``messages`` is the client's conversation (chat media stay
+    references, checked by the media policy); the dicts are the client's, by stage name."""
+
+    rid: str
+    messages: list[dict[str, Any]]
+    sampling: dict[str, Any] = field(default_factory=dict)
+    stage_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    media_policy: Any = None
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Work for one stage. ``modality`` names the media a generation dispatch makes."""
+
+    stage: str
+    payload: dict[str, Any]
+    frames: Frames = field(default_factory=list)
+    modality: str | None = None
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    stage: str
+    payload: dict[str, Any]
+    frames: Frames
+
+
+@dataclass(frozen=True)
+class Output:
+    """Something the client receives: text, or media bytes with their MIME type."""
+
+    kind: str
+    text: str | None = None
+    data: bytes | bytearray | None = None
+    mime_type: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.data) if self.data is not None else len((self.text or "").encode())
+
+
+@dataclass(frozen=True)
+class Step:
+    """The adapter's answer: emit ``outputs``, then run ``dispatch``, or finish."""
+
+    outputs: tuple[Output, ...] = ()
+    dispatch: Dispatch | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the request may still spend. ``generations_left`` follows the generation limit and
+    the dispatches left; ``planned_generations`` is what the deadline plan leaves it (None when
+    no plan applies)."""
+
+    dispatches_left: int
+    generations_left: int
+    planned_generations: int | None = None
+
+
+class UMMAdapter(Protocol):
+    """One instance per request. ``start`` checks the request (raise BadRequest before any model
+    work) and returns the first step; ``advance`` takes the result of the last dispatch;
+    ``usage`` reports token counts; ``close`` frees what the request held. Raise an OmniError to
+    fail the request."""
+
+    def start(self, request: UMMRequest, budget: Budget) -> Step: ...
+
+    def advance(self, result: DispatchResult, budget: Budget) -> Step: ...
+
+    def usage(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class UMMPipelineConfig(PipelineConfig):
+    """Base of interleaved pipelines: names the adapter and the inline/output limits.
+
+    ``largest_output_bytes(max_dispatches)`` is what the configured number of dispatches can
+    produce at most; config loading refuses a ``max_retained_bytes`` or ``max_outputs`` that
+    cannot hold it.
+    """
+
+    mode = "umm"
+    adapter_cls: ClassVar[type]
+    max_generations: ClassVar[int] = 8
+
+    @classmethod
+    def largest_output_bytes(cls, max_dispatches: int) -> int:
+        raise NotImplementedError(f"{cls.__name__} must say how large its outputs can get")
+
+    @classmethod
+    def largest_output_count(cls, max_dispatches: int) -> int:
+        return max_dispatches
+
+    @classmethod
+    def validate(cls, config: ResolvedConfig) -> None:
+        factory = config.stage("orchestrator").factory
+        dispatches = factory["max_dispatches"]
+        need_bytes = cls.largest_output_bytes(dispatches)
+        if factory["max_retained_bytes"] < need_bytes:
+            raise ConfigError(
+                f"stages.orchestrator.factory.max_retained_bytes: {factory['max_retained_bytes']} "
+                f"cannot hold the largest output of max_dispatches={dispatches} "
+                f"({need_bytes / MiB:.1f} MiB); set it to at least {need_bytes}"
+            )
+        need_outputs = cls.largest_output_count(dispatches)
+        if factory["max_outputs"] < need_outputs:
+            raise ConfigError(
+                f"stages.orchestrator.factory.max_outputs: {factory['max_outputs']} cannot hold "
+                f"the outputs of max_dispatches={dispatches}; set it to at least {need_outputs}"
+            )
+
+
+# --- the controller ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Limits:
+    max_dispatches: int = 17
+    max_outputs: int = 17
+    max_retained_bytes: int = 128 * MiB
+    timeout_s: float = 3600.0
+
+    @classmethod
+    def from_factory(cls, factory: dict[str, Any]) -> Limits:
+        return cls(factory["max_dispatches"], factory["max_outputs"],
+                   factory["max_retained_bytes"], float(factory["timeout_s"]))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """An accepted output. Media bytes are held raw and base64-encoded only on the wire."""
+
+    execution_id: str
+    segment_index: int
+    kind: str
+    text: str | None = None
+    media: bytes | bytearray | None = None
+    mime_type: str | None = None
+    sha256: str | None = None
+
+    def media_data(self, with_url: bool = True) -> dict[str, Any]:
+        assert self.media is not None
+        data: dict[str, Any] = {"kind": self.kind, "mime_type": self.mime_type,
+                                "size_bytes": len(self.media), "sha256": self.sha256}
+        if with_url:
+            encoded = base64.b64encode(self.media).decode("ascii")
+            data["url"] = f"data:{self.mime_type};base64,{encoded}"
+        return data
+
+    def to_wire(self, with_data: bool = True) -> dict[str, Any]:
+        """The wire form; ``with_data=False`` gives the reference (media without the bytes,
+        text without the string)."""
+        body: dict[str, Any] = {"type": "segment", "execution_id": self.execution_id,
+                                "segment_index": self.segment_index, "kind": self.kind}
+        if self.kind == TEXT:
+            if with_data:
+                body["data"] = self.text or ""
+        else:
+            body["data"] = self.media_data(with_url=with_data)
+        return body
+
+
+@dataclass(frozen=True)
+class Complete:
+    finish_reason: str
+    segments: tuple[Segment, ...]
+    usage: dict[str, int]
+
+
+StageCall = Callable[[str, str, dict[str, Any], Frames], Awaitable[DispatchResult]]
+"""``call(stage, rid, payload, frames)``: run a dispatch; cancelling it aborts the job."""
+
+
+class UMMController:
+    """Drives one adapter per request; see the module docstring."""
+
+    def __init__(self, adapter_factory: Callable[[], UMMAdapter], limits: Limits,
+                 call: StageCall, max_generations: int = 8,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.adapter_factory = adapter_factory
+        self.limits = limits
+        self.call = call
+        self.max_generations = max_generations
+        self.clock = clock
+
+    def open(self, request: UMMRequest) -> UMMRun:
+        """Check the request through the adapter's ``start`` (BadRequest before any model work)
+        and return the run, whose ``events()`` drive it."""
+        adapter = self.adapter_factory()
+        state = _RunState(request.rid, self.limits, self.max_generations)
+        try:
+            step = adapter.start(request, state.budget())
+        except BaseException:
+            adapter.close()
+            raise
+        return UMMRun(self, request, adapter, state, step, self.clock() + self.limits.timeout_s)
+
+
+class UMMRun:
+    """One request being driven; iterate ``events()`` once."""
+
+    def __init__(self, controller: UMMController, request: UMMRequest, adapter: UMMAdapter,
+                 state: _RunState, first: Step, deadline: float) -> None:
+        self.controller = controller
+        self.request = request
+        self.adapter = adapter
+        self.state = state
+        self.first = first
+        self.deadline = deadline
+
+    def close(self) -> None:
+        self.adapter.close()
+
+    async def events(self) -> AsyncIterator[Segment | Complete]:
+        """Yield segments as they are accepted, then ``Complete``; errors are OmniErrors.
+
+        Closing the iterator (client gone) cancels the running dispatch, which aborts it on its
+        stage; nothing is emitted after that.
+        """
+        ctl, state, adapter = self.controller, self.state, self.adapter
+        step = self.first
+        try:
+            while True:
+                for output in step.outputs:
+                    yield state.accept(output)
+                if step.dispatch is None:
+                    yield Complete(step.finish_reason or "stop", tuple(state.segments),
+                                   adapter.usage())
+                    return
+                dispatch = state.count(step.dispatch)
+                remaining = self.deadline - ctl.clock()
+                if remaining <= 0:
+                    raise _timeout(ctl.limits.timeout_s)
+                try:
+                    async with asyncio.timeout(remaining):
+                        result = await ctl.call(dispatch.stage, self.request.rid,
+                                                dispatch.payload, dispatch.frames)
+                except TimeoutError:
+                    raise _timeout(ctl.limits.timeout_s) from None
+                step = adapter.advance(result, state.budget())
+        finally:
+            adapter.close()
+
+
+def _timeout(timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(
+        f"the request outlived stages.orchestrator.factory.timeout_s ({timeout_s:g} s) and was "
+        "stopped; raise timeout_s or ask for fewer generations"
+    )
+
+
+class _RunState:
+    """Per-request counters the controller enforces."""
+
+    def __init__(self, rid: str, limits: Limits, max_generations: int) -> None:
+        self.rid = rid
+        self.limits = limits
+        self.max_generations = max_generations
+        self.dispatches = 0
+        self.generations = 0
+        self.retained = 0
+        self.segments: list[Segment] = []
+
+    def budget(self) -> Budget:
+        dispatches_left = self.limits.max_dispatches - self.dispatches
+        # a generation needs a Reasoner turn after it: keep one dispatch for the final answer
+        by_dispatch = max(0, (dispatches_left - 1) // 2)
+        return Budget(dispatches_left,
+                      min(self.max_generations - self.generations, by_dispatch))
+
+    def count(self, dispatch: Dispatch) -> Dispatch:
+        if self.dispatches >= self.limits.max_dispatches:
+            raise ServerError(
+                f"the request needed more than stages.orchestrator.factory.max_dispatches "
+                f"({self.limits.max_dispatches}) stage dispatches and was stopped"
+            )
+        self.dispatches += 1
+        if dispatch.modality is not None:
+            self.generations += 1
+        return dispatch
+
+    def accept(self, output: Output) -> Segment:
+        if len(self.segments) >= self.limits.max_outputs:
+            raise ServerError(f"the request produced more than stages.orchestrator.factory."
+                              f"max_outputs ({self.limits.max_outputs}) outputs")
+        self.retained += output.size
+        if self.retained > self.limits.max_retained_bytes:
+            raise ServerError(f"the request's outputs exceed stages.orchestrator.factory."
+                              f"max_retained_bytes ({self.limits.max_retained_bytes})")
+        if output.kind == TEXT:
+            segment = Segment(self.rid, len(self.segments), TEXT, text=output.text or "")
+        else:
+            assert output.data is not None
+            segment = Segment(self.rid, len(self.segments), output.kind, media=output.data,
+                              mime_type=output.mime_type,
+                              sha256=hashlib.sha256(output.data).hexdigest())
+        self.segments.append(segment)
+        return segment

@@ -1,0 +1,63 @@
+"""Parse ``/generate`` bodies of the interleaved pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_omni.errors import BadRequest
+from sglang_omni.serve.chat_request import (
+    LENGTH_STOP_FIELDS,
+    SAMPLING_FIELDS,
+    parse_chat_request,
+)
+
+ROLLOUT_ARTIFACTS = ("return_logprob", "return_hidden_states", "return_routed_experts",
+                     "return_text_in_logprobs", "return_entropy", "return_prompt_token_ids")
+LOGPROB_OPTIONS = ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
+FIELDS = ("prompt", "messages", "images", "videos", "stream", "rid", "model", "stage_params",
+          "stage_sampling") + SAMPLING_FIELDS + LENGTH_STOP_FIELDS + ROLLOUT_ARTIFACTS \
+    + LOGPROB_OPTIONS
+
+
+@dataclass
+class GenerateRequest:
+    rid: Any
+    stream: bool
+    messages: list[dict[str, Any]]
+    sampling: dict[str, Any]
+    stage_params: dict[str, dict[str, Any]]
+    stage_sampling: dict[str, dict[str, Any]]
+    chat_body: dict[str, Any]
+
+
+def parse_generate_request(body: Any, stages: tuple[str, ...]) -> GenerateRequest:
+    """``prompt`` (or ``messages``), chat media, sampling and stage fields; rollout artifacts
+    are refused, since interleaved results carry none."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for key in body:
+        if key not in FIELDS:
+            raise BadRequest(f"{key}: not a field of /generate on the interleaved pipeline; put "
+                             "native fields under stage_params.reasoner or "
+                             "stage_params.generation")
+    for key in ROLLOUT_ARTIFACTS:
+        if body.get(key):
+            raise BadRequest(f"{key}: interleaved results carry no logprobs or other rollout "
+                             "artifacts; leave it unset")
+    for key in LOGPROB_OPTIONS:
+        if body.get(key) is not None:
+            raise BadRequest(f"{key}: interleaved results carry no logprobs; leave it unset")
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        raise BadRequest("give exactly one of prompt (a string) or messages (a chat list)")
+    if prompt is not None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise BadRequest("prompt: expected a non-empty string")
+        messages = [{"role": "user", "content": prompt}]
+    chat_body = {k: v for k, v in body.items()
+                 if k not in ("prompt",) + ROLLOUT_ARTIFACTS + LOGPROB_OPTIONS}
+    chat_body["messages"] = messages
+    req = parse_chat_request(chat_body, known_stages=stages)
+    return GenerateRequest(req.rid, req.stream, req.messages, req.sampling, req.stage_params,
+                           req.stage_sampling, chat_body)

@@ -1,0 +1,159 @@
+"""Real HTTP servers on loopback posing as several media hosts, for the media policy tests.
+
+``media_server`` runs the same handler on ``127.0.0.1:P`` and ``127.0.0.2:P``; together with
+``localhost`` (which resolves to 127.0.0.1) that gives three distinct host names to allowlist.
+Every request is logged (host header, path) so tests can assert that nothing was fetched.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from PIL import Image
+
+HOSTS = ("localhost", "127.0.0.1", "127.0.0.2")
+
+
+def _png_bytes() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (200, 10, 10)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+PNG = _png_bytes()
+
+
+@dataclass
+class ServerState:
+    """What the test servers saw and did; shared by both listeners."""
+
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    endless_sent: int = 0
+    endless_done: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def paths(self) -> list[str]:
+        with self.lock:
+            return [p for _, p in self.requests]
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.endless_sent = 0
+            self.endless_done.clear()
+
+
+class Handler(BaseHTTPRequestHandler):
+    state: ServerState  # set on the subclass per fixture
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if "Content-Length" not in (headers or {}):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: C901 - one route table
+        state = self.state
+        with state.lock:
+            state.requests.append((self.headers.get("Host", ""), self.path))
+        parts = urlsplit(self.path)
+        route, query = parts.path, parse_qs(parts.query)
+        if route in ("/ok.png", "/ok"):
+            self._send(200, PNG, {"Content-Type": "image/png"})
+        elif route == "/redirect":
+            self._send(int(query.get("code", ["302"])[0]), headers={"Location": query["to"][0]})
+        elif route == "/loop":
+            self._send(302, headers={"Location": "/loop"})
+        elif route.startswith("/chain/"):
+            n = int(route.rsplit("/", 1)[1])
+            target = "/ok.png" if n == 0 else f"/chain/{n - 1}"
+            self._send(301, headers={"Location": target})
+        elif route == "/missing":
+            self._send(404, b"not here")
+        elif route == "/error":
+            self._send(500, b"boom")
+        elif route == "/unavailable":
+            self._send(503, b"later")
+        elif route == "/stall-headers":
+            state.stop.wait(5)
+        elif route == "/stall-body":
+            self.send_response(200)
+            self.send_header("Content-Type", "video/mp4")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.wfile.write(b"\0" * 100)
+            state.stop.wait(5)
+        elif route == "/trickle":
+            self.send_response(200)
+            self.end_headers()
+            deadline = time.monotonic() + 5
+            try:
+                while not state.stop.is_set() and time.monotonic() < deadline:
+                    self.wfile.write(b"x")
+                    time.sleep(0.05)
+            except OSError:
+                pass
+        elif route == "/endless":
+            self._endless()
+        elif route == "/big-declared":
+            self._send(200, b"x" * 10, {"Content-Length": str(10**9)})
+        elif route == "/gzip":
+            self._send(200, b"\x1f\x8b" + b"\0" * 20, {"Content-Encoding": "gzip"})
+        else:
+            self._send(404)
+
+    def _endless(self) -> None:
+        state = self.state
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+        chunk = b"z" * 1024
+        try:
+            while not state.stop.is_set():
+                self.wfile.write(chunk)
+                with state.lock:
+                    state.endless_sent += len(chunk)
+                if state.endless_sent > 256 * 1024 * 1024:  # safety net: never truly endless
+                    break
+        except OSError:
+            pass
+        finally:
+            state.endless_done.set()
+
+
+@dataclass
+class MediaServer:
+    """The running test servers: ``url(host, path)`` builds a URL for one of :data:`HOSTS`."""
+
+    port: int
+    state: ServerState
+
+    def url(self, host: str, path: str) -> str:
+        return f"http://{host}:{self.port}{path}"
+
+
+def bind_pair(handler: type[Handler]) -> list[ThreadingHTTPServer]:
+    for _ in range(20):
+        first = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        try:
+            second = ThreadingHTTPServer(("127.0.0.2", first.server_address[1]), handler)
+        except OSError:
+            first.server_close()
+            continue
+        return [first, second]
+    raise RuntimeError("could not bind the same port on 127.0.0.1 and 127.0.0.2")

@@ -1,0 +1,76 @@
+"""RequestMediaDir: the per-request temp folder is private and always removed."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import stat
+from pathlib import Path
+
+import pytest
+
+from sglang_omni.media import RequestMediaDir
+
+
+def test_removed_on_exit_and_close_is_idempotent(tmp_path: Path) -> None:
+    with RequestMediaDir(tmp_path) as workdir:
+        f = workdir.new_file(".png")
+        f.write_bytes(b"x")
+        assert stat.S_IMODE(workdir.path.stat().st_mode) == 0o700
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert f.parent == workdir.path and f.suffix == ".png"
+    assert not workdir.path.exists() and workdir.closed
+    workdir.close()
+    workdir.close()
+    with pytest.raises(RuntimeError):
+        workdir.new_file()
+
+
+def test_removed_on_error(tmp_path: Path) -> None:
+    with pytest.raises(ZeroDivisionError), RequestMediaDir(tmp_path) as workdir:
+        workdir.new_file().write_bytes(b"x")
+        1 / 0  # noqa: B018
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_removed_on_async_error_and_cancel(tmp_path: Path) -> None:
+    async def fails() -> None:
+        async with RequestMediaDir(tmp_path) as workdir:
+            workdir.new_file()
+            raise ValueError
+
+    async def hangs(started: asyncio.Event) -> None:
+        async with RequestMediaDir(tmp_path) as workdir:
+            workdir.new_file()
+            started.set()
+            await asyncio.sleep(60)
+
+    async def go() -> None:
+        with pytest.raises(ValueError):
+            await fails()
+        started = asyncio.Event()
+        task = asyncio.create_task(hangs(started))
+        await started.wait()
+        assert len(list(tmp_path.iterdir())) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_removed_when_forgotten(tmp_path: Path) -> None:
+    workdir = RequestMediaDir(tmp_path)
+    workdir.new_file()
+    path = workdir.path
+    del workdir
+    gc.collect()
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("suffix", ["/../../x", "../x", ".png/..", ".a b", "." + "x" * 40, "png"])
+def test_suffix_cannot_add_path_components(tmp_path: Path, suffix: str) -> None:
+    with RequestMediaDir(tmp_path) as workdir:
+        f = workdir.new_file(suffix)
+        assert f.parent == workdir.path and f.suffix == ""
