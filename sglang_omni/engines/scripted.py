@@ -16,7 +16,8 @@ the input.
 Generator: PNG (default 640x640) or H.264 MP4 (``num_frames`` 33 at ``fps`` 24) whose pixels are a
 function of prompt, seed, size and frame index, after ``num_inference_steps`` (4) steps of
 ``factory.step_time_s`` seconds, cancellable between steps. Prompt directives: ``!no-media``,
-``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``.
+``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``, and ``!size=N`` (media
+padded with trailing zeros to N bytes, for benchmarks).
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def _pieces(text: str, size: int = 16) -> list[str]:
 
 
 # --- Generator -------------------------------------------------------------------------------
-DIRECTIVE_RE = re.compile(r"^\s*!(no-media|crash|oversize|extra|malformed|sleep=([0-9.]+))")
+DIRECTIVE_RE = re.compile(
+    r"^\s*!(no-media|crash|oversize|extra|malformed|sleep=([0-9.]+)|size=([0-9]+))")
 
 
 def _int_option(options: dict[str, Any], key: str, default: int) -> int:
@@ -253,6 +255,8 @@ class ScriptedGenerator:
             data = b"this is not a valid media file " * 8
         elif name == "oversize":
             data = data + b"\0" * (INLINE_LIMIT + 1 - len(data))
+        elif name and name.startswith("size="):
+            data = data + b"\0" * max(0, int(directive.group(3)) - len(data))
         items = [{"kind": modality, "mime_type": mime, "frame": 0}]
         media_frames = [data]
         if name == "extra":

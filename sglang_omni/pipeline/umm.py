@@ -86,13 +86,26 @@ class Step:
 
 @dataclass(frozen=True)
 class Budget:
-    """What the request may still spend. ``generations_left`` follows the generation limit and
-    the dispatches left; ``planned_generations`` is what the deadline plan leaves it (None when
-    no plan applies)."""
+    """What the request may still spend.
+
+    ``generations_left``: generations that still fit if the next dispatch is a generation
+    (each needs a Reasoner turn after it), within the generation limit.
+    ``planned_generations``: what the deadline plan leaves the request (None: no plan applies).
+    """
 
     dispatches_left: int
     generations_left: int
     planned_generations: int | None = None
+
+    def offered_generations(self, before_reasoner_turn: bool = True) -> int:
+        """Generations to offer in a Reasoner turn dispatched now (the turn itself costs one
+        dispatch), capped by the plan."""
+        fit = self.generations_left
+        if before_reasoner_turn:
+            fit = min(fit, max(0, (self.dispatches_left - 1) // 2))
+        if self.planned_generations is not None:
+            fit = min(fit, self.planned_generations)
+        return max(0, fit)
 
 
 class UMMAdapter(Protocol):
@@ -300,10 +313,8 @@ class _RunState:
 
     def budget(self) -> Budget:
         dispatches_left = self.limits.max_dispatches - self.dispatches
-        # a generation needs a Reasoner turn after it: keep one dispatch for the final answer
-        by_dispatch = max(0, (dispatches_left - 1) // 2)
-        return Budget(dispatches_left,
-                      min(self.max_generations - self.generations, by_dispatch))
+        return Budget(dispatches_left, max(0, min(self.max_generations - self.generations,
+                                                  dispatches_left // 2)))
 
     def count(self, dispatch: Dispatch) -> Dispatch:
         if self.dispatches >= self.limits.max_dispatches:

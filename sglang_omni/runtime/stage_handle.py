@@ -25,8 +25,8 @@ from sglang_omni.engines.base import EngineSpec
 from sglang_omni.errors import OmniError, ServerError, StageDied
 from sglang_omni.runtime.ipc import Channel, Frames, channel_pair
 from sglang_omni.runtime.proc import kill_group
-from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.runtime.stage_process import stage_main
+from sglang_omni.runtime.stage_result import StageResult
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -207,7 +207,8 @@ class StageHandle:
                 pending.on_chunk(header.get("data") or {})
         elif op == "result":
             self.counters.completed += 1
-            pending.future.set_result(StageResult(header.get("payload") or {}, frames))
+            pending.future.set_result(StageResult(header.get("payload") or {}, frames,
+                                                  float(header.get("engine_s", 0.0))))
         elif op == "error":
             self.counters.failed += 1
             pending.future.set_exception(StageCallError(

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -121,7 +122,9 @@ class _StageServer:
                       emit=lambda data, r=rid, t=token: self.send(
                           {"op": "chunk", "rid": r, "token": t, "data": data}))
             task = asyncio.get_running_loop().create_task(self.engine.run(job))
-            task.add_done_callback(lambda t, j=job, k=token: self._finished(j, k, t))
+            started = time.perf_counter()
+            task.add_done_callback(
+                lambda t, j=job, k=token, t0=started: self._finished(j, k, t, t0))
             self.jobs[rid] = (job, task, token)
         elif op == "abort":
             entry = self.jobs.get(header["rid"])
@@ -132,7 +135,7 @@ class _StageServer:
         elif op == "shutdown":
             self.stopping.set()
 
-    def _finished(self, job: Job, token: int, task: asyncio.Task) -> None:
+    def _finished(self, job: Job, token: int, task: asyncio.Task, started: float) -> None:
         """Report a job's outcome; runs even when the job was aborted before it started."""
         self.jobs.pop(job.rid, None)
         base = {"rid": job.rid, "token": token}
@@ -143,7 +146,8 @@ class _StageServer:
         exc = task.exception()
         if exc is None:
             result = task.result()
-            self.send({"op": "result", **base, "payload": result.payload}, result.frames)
+            self.send({"op": "result", **base, "payload": result.payload,
+                       "engine_s": time.perf_counter() - started}, result.frames)
         elif isinstance(exc, OmniError):
             log.warning("request %s failed: %s", job.rid, exc.message)
             self.send({"op": "error", **base, "status": exc.status, "type": exc.type,

@@ -162,9 +162,7 @@ class Cosmos3UMMAdapter:
                     dispatch=self._reasoner_turn(budget))
 
     def _reasoner_turn(self, budget: Budget) -> Dispatch:
-        generations_left = budget.generations_left
-        if budget.planned_generations is not None:
-            generations_left = min(generations_left, budget.planned_generations)
+        generations_left = budget.offered_generations()
         modalities = self.modalities if generations_left > 0 else ()
         messages = copy.deepcopy(self.request.messages)
         guide = prompts.instructions(generations_left, modalities)

@@ -1,0 +1,106 @@
+"""The SDK against a real server with the scripted engines."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from sglang_omni.client import Client, OmniClientError
+from sglang_omni.client.types import UMMCompletionResult, UMMGenerateChunk
+from tests.server import SCRIPTED_UMM, Server
+
+SMALL = {"generation": {"width": 32, "height": 32, "num_frames": 5}}
+
+
+def script(*entries: object) -> str:
+    return f"<omni-script>{json.dumps(list(entries))}</omni-script> go"
+
+
+def metric(server: Server, stage: str, outcome: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
+    return next(float(line[len(needle):]) for line in text.splitlines()
+                if line.startswith(needle))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server(*SCRIPTED_UMM, "--generation.factory.step_time_s", "0.05") as srv:
+        yield srv
+
+
+def test_completion_returns_segments(server: Server) -> None:
+    with Client(server.url) as client:
+        result = client.completion(
+            [{"role": "user", "content": script({"action": "image", "prompt": "cube"},
+                                                 {"action": "final", "text": "done"})}],
+            stage_params=SMALL)
+    assert isinstance(result, UMMCompletionResult)
+    assert [s.kind for s in result.segments] == ["image", "text"]
+    assert [s.segment_index for s in result.segments] == [0, 1]
+    assert result.text == "done" and result.segments[1].text == "done"
+    assert result.segments[0].media.content().startswith(b"\x89PNG")
+
+
+def test_generate_stream_yields_chunks(server: Server) -> None:
+    with Client(server.url) as client:
+        chunks = list(client.generate(script({"action": "video", "prompt": "wave"},
+                                             {"action": "final", "text": "ok"}),
+                                      stream=True, stage_params=SMALL))
+    assert all(isinstance(c, UMMGenerateChunk) for c in chunks)
+    assert [c.event for c in chunks] == ["segment", "segment", "complete"]
+    assert chunks[0].segment.kind == "video" and chunks[1].segment.text == "ok"
+    assert chunks[2].finish_reason == "stop"
+    assert [s.segment_index for s in chunks[2].segments] == [0, 1]
+    assert chunks[2].segments[0].media.url is None  # references carry no data
+
+
+def test_generate_non_streaming_matches_stream(server: Server) -> None:
+    entries = ({"action": "image", "prompt": "a"}, {"action": "final", "text": "b"})
+    with Client(server.url) as client:
+        whole = client.generate(script(*entries), stage_params=SMALL)
+        streamed = [c.segment for c in client.generate(script(*entries), stream=True,
+                                                       stage_params=SMALL) if c.segment]
+    assert [(s.kind, s.data) for s in whole.segments] == [(s.kind, s.data) for s in streamed]
+
+
+def test_top_level_field_sent_only_when_not_default(server: Server) -> None:
+    ask = script({"action": "final", "text": "{sampling}"})
+    with Client(server.url) as client:
+        default = client.generate(ask, temperature=1.0)
+        chosen = client.generate(ask, temperature=0.5, max_tokens=7)
+    assert json.loads(default.text) == {"temperature": 0.0}
+    assert json.loads(chosen.text) == {"temperature": 0.5}
+
+
+def test_errors_raise_with_status(server: Server) -> None:
+    with Client(server.url) as client:
+        with pytest.raises(OmniClientError) as err:
+            client.generate("x", stage_params={"generation": {"output_path": "/tmp/x"}})
+        assert err.value.status == 400 and "output_path" in err.value.message
+        with pytest.raises(OmniClientError) as err:
+            list(client.generate(script({"action": "image", "prompt": "!no-media x"}),
+                                 stream=True, stage_params=SMALL))
+        assert err.value.status == 500
+
+
+def test_closing_iterator_early_aborts_generation(server: Server) -> None:
+    before = metric(server, "generation", "aborted")
+    with Client(server.url) as client:
+        chunks = client.generate(
+            script({"action": "image", "prompt": "first"},
+                   {"action": "image", "prompt": "!sleep=30 slow"},
+                   {"action": "final", "text": "never"}),
+            stream=True, stage_params=SMALL)
+        first = next(chunks)
+        assert first.segment.kind == "image"
+        time.sleep(0.3)  # the second generation is running now
+        chunks.close()
+        deadline = time.monotonic() + 5
+        while metric(server, "generation", "aborted") < before + 1 and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert metric(server, "generation", "aborted") == before + 1
