@@ -1,0 +1,158 @@
+"""The media policy through the HTTP routes: real servers, real stage processes, real loopback
+media hosts (127.0.0.1 and 127.0.0.2 are different hosts)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.media.media_http_server import PNG, Handler, MediaServer, ServerState, bind_pair
+from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[MediaServer]:
+    state = ServerState()
+    handler = type("Handler", (Handler,), {"state": state})
+    servers = bind_pair(handler)
+    for srv in servers:
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+    yield MediaServer(port=servers[0].server_address[1], state=state)
+    state.stop.set()
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("allowed")
+    (root / "cube.png").write_bytes(PNG)
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "secret.png").write_bytes(PNG)
+    (root / "link.png").symlink_to(outside / "secret.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tmpdir_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server-tmp")
+
+
+@pytest.fixture(scope="module")
+def server(media_root: Path, tmpdir_env: Path) -> Iterator[Server]:
+    with Server(*SCRIPTED_UMM, "--allowed-media-domain", "127.0.0.1",
+                "--allowed-local-media-path", str(media_root),
+                env={"TMPDIR": str(tmpdir_env)}) as srv:
+        yield srv
+
+
+def metric(server: Server, stage: str, outcome: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
+    return next(float(line[len(needle):]) for line in text.splitlines()
+                if line.startswith(needle))
+
+
+def chat(server: Server, url: str, *entries: dict, timeout: float = 30) -> httpx.Response:
+    script = json.dumps(list(entries) or [{"action": "final", "text": "{media}"}])
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": f"<omni-script>{script}</omni-script>"},
+        {"type": "image_url", "image_url": {"url": url}}]}],
+        "stage_params": {"generation": {"width": 32, "height": 32}}}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=timeout)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def test_allowed_host_is_fetched_on_every_turn(server: Server, hosts: MediaServer,
+                                               tmpdir_env: Path) -> None:
+    hosts.state.reset()
+    resp = chat(server, hosts.url("127.0.0.1", "/ok.png"),
+                {"action": "image", "prompt": "cube"}, {"action": "final", "text": "{media}"})
+    assert resp.status_code == 200, resp.text
+    media = json.loads(resp.json()["choices"][0]["message"]["content"])
+    assert media[0] == {"kind": "image", "sha256": hashlib.sha256(PNG).hexdigest()}
+    assert len(media) == 2  # the client's image, then the generated one
+    assert hosts.state.paths().count("/ok.png") == 2  # two Reasoner turns, two fetches
+    assert leftovers(tmpdir_env) == []
+
+
+def test_host_not_listed_refused_before_any_stage(server: Server, hosts: MediaServer) -> None:
+    hosts.state.reset()
+    before = metric(server, "reasoner", "submitted")
+    resp = chat(server, hosts.url("127.0.0.2", "/ok.png"))
+    assert resp.status_code == 400
+    message = resp.json()["error"]["message"]
+    assert "messages[0].content[1].image_url" in message
+    assert hosts.state.paths() == []
+    assert metric(server, "reasoner", "submitted") == before
+
+
+def test_redirect_to_unlisted_host_refused(server: Server, hosts: MediaServer) -> None:
+    target = hosts.url("127.0.0.2", "/ok.png")
+    resp = chat(server, hosts.url("127.0.0.1", f"/redirect?to={target}"))
+    assert resp.status_code == 400
+    assert "127.0.0.2" not in [h.split(":")[0] for h, _ in hosts.state.requests]
+
+
+@pytest.mark.parametrize(("path", "status"), [("/missing", 400), ("/error", 500),
+                                              ("/loop", 500), ("/endless", 500)])
+def test_fetch_failures_map_to_status(server: Server, hosts: MediaServer, tmpdir_env: Path,
+                                      path: str, status: int) -> None:
+    resp = chat(server, hosts.url("127.0.0.1", path))
+    assert resp.status_code == status, resp.text
+    assert leftovers(tmpdir_env) == []
+
+
+def test_local_files_confined(server: Server, media_root: Path) -> None:
+    assert chat(server, f"file://{media_root / 'cube.png'}").status_code == 200
+    assert chat(server, str(media_root / "cube.png")).status_code == 200
+    for ref in (f"file://{media_root / 'link.png'}", f"file://{media_root}/../outside/x.png",
+                "/etc/passwd", f"{media_root}/../../etc/passwd"):
+        resp = chat(server, ref)
+        assert resp.status_code == 400, ref
+
+
+def test_generation_paths_follow_the_policy(server: Server, media_root: Path) -> None:
+    before = metric(server, "reasoner", "submitted")
+    body = {"prompt": "x", "stage_params": {"generation": {"image_path": "/etc/hosts"}}}
+    resp = httpx.post(f"{server.url}/generate", json=body)
+    assert resp.status_code == 400
+    assert "stage_params.generation.image_path" in resp.json()["error"]["message"]
+    assert metric(server, "reasoner", "submitted") == before
+
+
+def test_aborted_fetch_leaves_no_temp_file(server: Server, hosts: MediaServer,
+                                           tmpdir_env: Path) -> None:
+    before = metric(server, "reasoner", "aborted")
+    with pytest.raises(httpx.ReadTimeout):
+        chat(server, hosts.url("127.0.0.1", "/stall-body"), timeout=1.0)
+    deadline = time.monotonic() + 10
+    while metric(server, "reasoner", "aborted") < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "reasoner", "aborted") == before + 1
+    assert leftovers(tmpdir_env) == []
+
+
+def test_text_only_chat_uses_the_same_policy(hosts: MediaServer) -> None:
+    with Server(*SCRIPTED_CHAT, "--allowed-media-domain", "127.0.0.1") as srv:
+        body = {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": hosts.url("127.0.0.2", "/ok.png")}}]}]}
+        resp = httpx.post(f"{srv.url}/v1/chat/completions", json=body)
+        assert resp.status_code == 400
+        body["messages"][0]["content"][1]["image_url"]["url"] = "file:///etc/passwd"
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body).status_code == 400
