@@ -41,7 +41,10 @@ def encode_mp4(frames: list[np.ndarray], fps: int) -> bytes:
     height, width = frames[0].shape[:2]
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps, options={"threads": "1"})
+        # one thread and no macroblock-tree rate control: x264 otherwise carries state that
+        # makes small videos differ between runs
+        stream = container.add_stream("libx264", rate=fps,
+                                      options={"threads": "1", "x264-params": "no-mbtree=1"})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.time_base = Fraction(1, fps)
         for index, pixels in enumerate(frames):

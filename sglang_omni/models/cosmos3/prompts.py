@@ -28,7 +28,7 @@ BLANK_PROMPT = ("Receipt: the {kind} prompt was blank, so nothing was generated.
                 "give a non-empty prompt or the final answer.")
 NO_TIME_LEFT = ("Receipt: no time is left for another generation, so the {kind} was not "
                 "generated. Give the final answer now.")
-NO_GENERATIONS_LEFT = ("Receipt: no generations are left, so the {kind} was not generated. "
-                       "Give the final answer now.")
+NO_GENERATIONS_LEFT = ("Receipt: no more generations fit in this request, so the {kind} was "
+                       "not generated. Give the final answer now.")
 MODALITY_REFUSED = ("Receipt: only {allowed} may be generated for this request, so the {kind} "
                     "was not generated. Decide again.")

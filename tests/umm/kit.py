@@ -1,0 +1,160 @@
+"""Helpers for the interleaved (UMM) tests: scripts, metrics, SSE parsing, data URLs."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from PIL import Image
+
+from tests.server import SCRIPTED_UMM, Server
+
+# Widths of 128 give reproducible MP4 bytes from the scripted generator (smaller frames do not:
+# see the report on synth_media.encode_mp4), so tests comparing bytes across requests use it.
+STABLE = {"width": 128, "height": 96}
+SMALL = {"width": 32, "height": 32, "num_frames": 3}
+
+
+def script(*entries: object, tail: str = " go") -> str:
+    """A prompt holding ``<omni-script>`` for the scripted Reasoner."""
+    return f"<omni-script>{json.dumps(list(entries))}</omni-script>{tail}"
+
+
+def image(prompt: str, **extra: object) -> dict[str, Any]:
+    return {"action": "image", "prompt": prompt, **extra}
+
+
+def video(prompt: str, **extra: object) -> dict[str, Any]:
+    return {"action": "video", "prompt": prompt, **extra}
+
+
+def final(text: str, **extra: object) -> dict[str, Any]:
+    return {"action": "final", "text": text, **extra}
+
+
+# One client for the whole run: building an httpx client costs about 80 ms (its SSL context).
+HTTP = httpx.Client(timeout=60)
+JOBS_RE = re.compile(r'^sgl_omni_stage_jobs_total\{outcome="(\w+)",stage="(\w+)"\} (\S+)$')
+
+
+def counts(server: Server) -> dict[tuple[str, str], float]:
+    """Every stage job counter of ``/metrics``, by (stage, outcome)."""
+    out = {}
+    for line in HTTP.get(f"{server.url}/metrics", timeout=5).text.splitlines():
+        match = JOBS_RE.match(line)
+        if match:
+            out[match[2], match[1]] = float(match[3])
+    assert out, "no sgl_omni_stage_jobs_total in /metrics"
+    return out
+
+
+def metric(server: Server, stage: str, outcome: str) -> float:
+    return counts(server)[stage, outcome]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0, poll: float = 0.02) -> float:
+    """Seconds until ``condition()`` held; AssertionError after ``timeout``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(poll)
+    return time.monotonic() - start
+
+
+@contextmanager
+def umm_server(*flags: str) -> Iterator[Server]:
+    with Server(*SCRIPTED_UMM, *flags) as server:
+        yield server
+
+
+# --- SSE ----------------------------------------------------------------------------------------
+def parse_sse(raw: str) -> list[tuple[str, Any]]:
+    """(event, data) pairs, splitting only at CR/LF as the SSE format does; data is decoded JSON,
+    or the string ``[DONE]``."""
+    out = []
+    for block in raw.replace("\r\n", "\n").split("\n\n"):
+        if not block.strip():
+            continue
+        event, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+        text = "\n".join(data)
+        out.append((event, text if text == "[DONE]" else json.loads(text)))
+    return out
+
+
+def stream_generate(server: Server, body: dict[str, Any],
+                    timeout: float = 60) -> tuple[int, list[tuple[str, Any]]]:
+    with HTTP.stream("POST", f"{server.url}/generate", json={**body, "stream": True},
+                     timeout=timeout) as resp:
+        raw = resp.read().decode()
+    return resp.status_code, parse_sse(raw) if resp.status_code == 200 else json.loads(raw)
+
+
+def post_generate(server: Server, body: dict[str, Any], timeout: float = 60) -> httpx.Response:
+    return HTTP.post(f"{server.url}/generate", json=body, timeout=timeout)
+
+
+def post_chat(server: Server, body: dict[str, Any], timeout: float = 60) -> httpx.Response:
+    return HTTP.post(f"{server.url}/v1/chat/completions", json=body, timeout=timeout)
+
+
+def segments_of(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    return [data for event, data in events if event == "segment"]
+
+
+def only(events: list[tuple[str, Any]], name: str) -> Any:
+    found = [data for event, data in events if event == name]
+    assert len(found) == 1, events
+    return found[0]
+
+
+# --- media --------------------------------------------------------------------------------------
+def decode_data_url(url: str) -> tuple[str, bytes]:
+    head, _, payload = url.partition(",")
+    assert head.startswith("data:") and head.endswith(";base64"), head
+    return head[5:-7], base64.b64decode(payload)
+
+
+def media_bytes(segment: dict[str, Any]) -> bytes:
+    mime, data = decode_data_url(segment["data"]["url"])
+    assert mime == segment["data"]["mime_type"]
+    return data
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    with Image.open(io.BytesIO(data)) as img:
+        assert img.format == "PNG"
+        return img.size
+
+
+def png_data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def without_execution_id(segment: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in segment.items() if k != "execution_id"}
+
+
+def reference(segment: dict[str, Any]) -> dict[str, Any]:
+    """A segment as ``event: complete`` lists it: media without url, text without data."""
+    ref = {k: v for k, v in segment.items() if k != "data"}
+    if segment["kind"] != "text":
+        ref["data"] = {k: v for k, v in segment["data"].items() if k != "url"}
+    return ref
