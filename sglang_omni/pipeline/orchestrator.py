@@ -15,6 +15,7 @@ from typing import Any
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.errors import ConfigError, ServiceUnavailable
 from sglang_omni.media import MediaPolicy
+from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.streams import stream_call
 from sglang_omni.pipeline.umm import (
@@ -63,8 +64,14 @@ class Orchestrator:
             factory = config.stage("orchestrator").factory
             self.limits = Limits.from_factory(factory)
             self.max_active = int(factory["max_active"])
-            self.controller = UMMController(self.pipeline.adapter_cls, self.limits,
-                                            self._call, self.pipeline.max_generations)
+            self.scheduler = PlannedGenerations(self.limits.timeout_s,
+                                                self.pipeline.max_generations)
+            self.controller = UMMController(
+                self.pipeline.adapter_cls, self.limits, self._call,
+                self.pipeline.max_generations,
+                largest_output_bytes=self.pipeline.largest_output_bytes(
+                    self.limits.max_dispatches),
+                planned=self.scheduler.allowance)
 
     async def start(self) -> None:
         await self.stages.start()
@@ -84,7 +91,17 @@ class Orchestrator:
 
     async def _call(self, stage: str, rid: str, payload: dict[str, Any],
                     frames: Frames) -> DispatchResult:
-        result = await self.stages[stage].call(rid, payload, frames)
+        """Run a controller dispatch; generations go through the planned queue."""
+        handle = self.stages[stage]
+
+        def run() -> Any:
+            return handle.call(rid, payload, frames)
+
+        if handle.spec.role == "generation":
+            result = await self.scheduler.generation(rid, str(payload.get("modality", "image")),
+                                                     run)
+        else:
+            result = await self.scheduler.reasoner_turn(rid, run)
         return DispatchResult(stage, result.payload, result.frames)
 
     # --- routes ------------------------------------------------------------------------------
@@ -118,11 +135,18 @@ class Orchestrator:
                 "requests; retry later"
             )
         run = self.controller.open(request)
+        try:
+            self.scheduler.admit(request.rid)
+        except BaseException:
+            run.close()
+            raise
         self.active.add(request.rid)
         return run
 
     def release(self, rid: str) -> None:
         self.active.discard(rid)
+        if self.controller is not None:
+            self.scheduler.release(rid)
 
     async def interleaved_events(self, run: UMMRun) -> AsyncIterator[Segment | Complete]:
         """Drive an admitted run; releases its admission when the iterator ends."""

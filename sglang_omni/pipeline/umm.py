@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
-from sglang_omni.errors import ConfigError, RequestTimeout, ServerError
+from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
 from sglang_omni.runtime.ipc import Frames
 
 TEXT, IMAGE, VIDEO = "text", "image", "video"
@@ -72,7 +74,10 @@ class Output:
 
     @property
     def size(self) -> int:
-        return len(self.data) if self.data is not None else len((self.text or "").encode())
+        """Bytes the output takes as it is delivered: media as base64, text as UTF-8."""
+        if self.data is not None:
+            return 4 * math.ceil(len(self.data) / 3)
+        return len((self.text or "").encode())
 
 
 @dataclass(frozen=True)
@@ -226,24 +231,47 @@ class UMMController:
 
     def __init__(self, adapter_factory: Callable[[], UMMAdapter], limits: Limits,
                  call: StageCall, max_generations: int = 8,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 largest_output_bytes: int = 0,
+                 planned: Callable[[str], int | None] | None = None) -> None:
+        """``largest_output_bytes``: what ``limits.max_dispatches`` can produce at most; a
+        request whose history leaves less room than that is refused before any turn.
+        ``planned(rid)``: the generations the deadline plan still allows (None: no plan)."""
         self.adapter_factory = adapter_factory
         self.limits = limits
         self.call = call
         self.max_generations = max_generations
         self.clock = clock
+        self.largest_output_bytes = largest_output_bytes
+        self.planned = planned or (lambda rid: None)
 
     def open(self, request: UMMRequest) -> UMMRun:
         """Check the request through the adapter's ``start`` (BadRequest before any model work)
         and return the run, whose ``events()`` drive it."""
+        history = history_bytes(request.messages)
+        room = self.limits.max_retained_bytes - self.largest_output_bytes
+        if history > room:
+            raise BadRequest(
+                f"messages: the chat history takes {history} bytes, but only {max(room, 0)} are "
+                f"left beside the largest output of max_dispatches="
+                f"{self.limits.max_dispatches} within stages.orchestrator.factory."
+                "max_retained_bytes; send a shorter history or smaller media"
+            )
         adapter = self.adapter_factory()
-        state = _RunState(request.rid, self.limits, self.max_generations)
+        state = _RunState(request.rid, self.limits, self.max_generations,
+                          lambda: self.planned(request.rid))
+        state.retained = history
         try:
             step = adapter.start(request, state.budget())
         except BaseException:
             adapter.close()
             raise
         return UMMRun(self, request, adapter, state, step, self.clock() + self.limits.timeout_s)
+
+
+def history_bytes(messages: list[dict[str, Any]]) -> int:
+    """Bytes the orchestrator holds for a client history (its JSON, inline media included)."""
+    return len(json.dumps(messages, ensure_ascii=False).encode())
 
 
 class UMMRun:
@@ -287,6 +315,7 @@ class UMMRun:
                                                 dispatch.payload, dispatch.frames)
                 except TimeoutError:
                     raise _timeout(ctl.limits.timeout_s) from None
+                state.hold(len(json.dumps(result.payload, ensure_ascii=False).encode()))
                 step = adapter.advance(result, state.budget())
         finally:
             adapter.close()
@@ -302,8 +331,10 @@ def _timeout(timeout_s: float) -> RequestTimeout:
 class _RunState:
     """Per-request counters the controller enforces."""
 
-    def __init__(self, rid: str, limits: Limits, max_generations: int) -> None:
+    def __init__(self, rid: str, limits: Limits, max_generations: int,
+                 planned: Callable[[], int | None]) -> None:
         self.rid = rid
+        self.planned = planned
         self.limits = limits
         self.max_generations = max_generations
         self.dispatches = 0
@@ -314,7 +345,7 @@ class _RunState:
     def budget(self) -> Budget:
         dispatches_left = self.limits.max_dispatches - self.dispatches
         return Budget(dispatches_left, max(0, min(self.max_generations - self.generations,
-                                                  dispatches_left // 2)))
+                                                  dispatches_left // 2)), self.planned())
 
     def count(self, dispatch: Dispatch) -> Dispatch:
         if self.dispatches >= self.limits.max_dispatches:
@@ -327,14 +358,18 @@ class _RunState:
             self.generations += 1
         return dispatch
 
+    def hold(self, size: int) -> None:
+        """Count ``size`` more bytes held for the request; ServerError past the limit."""
+        self.retained += size
+        if self.retained > self.limits.max_retained_bytes:
+            raise ServerError(f"the request holds more than stages.orchestrator.factory."
+                              f"max_retained_bytes ({self.limits.max_retained_bytes}) bytes")
+
     def accept(self, output: Output) -> Segment:
         if len(self.segments) >= self.limits.max_outputs:
             raise ServerError(f"the request produced more than stages.orchestrator.factory."
                               f"max_outputs ({self.limits.max_outputs}) outputs")
-        self.retained += output.size
-        if self.retained > self.limits.max_retained_bytes:
-            raise ServerError(f"the request's outputs exceed stages.orchestrator.factory."
-                              f"max_retained_bytes ({self.limits.max_retained_bytes})")
+        self.hold(output.size)
         if output.kind == TEXT:
             segment = Segment(self.rid, len(self.segments), TEXT, text=output.text or "")
         else:

@@ -1,0 +1,96 @@
+"""Deadline planning through HTTP with the scripted engines, small timeout_s and step_time_s.
+
+Each test starts its own server, because measured times are server state. A first request
+measures an image at about 1 s (4 steps of 0.25 s) before the scenario runs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.server import SCRIPTED_UMM, Server
+
+SMALL = {"width": 32, "height": 32}
+
+
+def planned_server(timeout_s: float) -> Server:
+    return Server(*SCRIPTED_UMM, "--orchestrator.factory.timeout_s", str(timeout_s),
+                  "--generation.factory.step_time_s", "0.25")
+
+
+def script(*entries: dict[str, Any]) -> str:
+    return f"<omni-script>{json.dumps(list(entries))}</omni-script>"
+
+
+def generate(server: Server, prompt: str, timeout: float = 60) -> httpx.Response:
+    return httpx.post(f"{server.url}/generate", timeout=timeout,
+                      json={"prompt": prompt, "stage_params": {"generation": SMALL}})
+
+
+def measure(server: Server, first_turn_delay: float = 0.0) -> None:
+    resp = generate(server, script({"action": "image", "prompt": "measure",
+                                    "delay_s": first_turn_delay},
+                                   {"action": "final", "text": "ok"}))
+    assert resp.status_code == 200, resp.text
+
+
+def aborted(server: Server) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    needle = 'sgl_omni_stage_jobs_total{outcome="aborted",stage="generation"} '
+    return next(float(line[len(needle):]) for line in text.splitlines()
+                if line.startswith(needle))
+
+
+def test_refused_when_an_idle_server_would_plan_more() -> None:
+    with planned_server(12) as server:
+        measure(server)  # image ~1 s, Reasoner turn ~0 s: an idle server plans all 8
+        busy: dict = {}
+        eight = script(*({"action": "image", "prompt": f"p{i}"} for i in range(8)),
+                       {"action": "final", "text": "done"})
+        thread = threading.Thread(target=lambda: busy.update(resp=generate(server, eight)))
+        thread.start()
+        time.sleep(0.5)  # the busy request holds ~7.5 s of planned generations
+        refused = generate(server, "hello")
+        assert refused.status_code == 503, refused.text
+        assert "retry later" in refused.json()["error"]["message"]
+        thread.join(60)
+        assert busy["resp"].status_code == 200
+        assert [s["kind"] for s in busy["resp"].json()["segments"]] == ["image"] * 8 + ["text"]
+        assert generate(server, "hello").status_code == 200  # idle again
+
+
+def test_no_time_left_receipt_reaches_the_reasoner() -> None:
+    with planned_server(12) as server:
+        measure(server)
+        # the first image takes ~6 s: a longer time, so at ~6 s another image (6 s) and the
+        # final turn no longer fit before the 12 s deadline
+        resp = generate(server, script({"action": "image", "prompt": "!sleep=5 slow"},
+                                       {"action": "image", "prompt": "one more"},
+                                       {"action": "final", "text": "{last}"}))
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert [s["kind"] for s in body["segments"]] == ["image", "text"]
+        assert body["text"].startswith("Receipt: no time is left for another generation")
+
+
+def test_fail_fast_503_cancels_the_generation() -> None:
+    with planned_server(12) as server:
+        measure(server, first_turn_delay=3)  # Reasoner turn measured at ~3 s
+        before = aborted(server)
+        start = time.monotonic()
+        resp = generate(server, script({"action": "image", "prompt": "!sleep=30 stuck"},
+                                       {"action": "final", "text": "never"}))
+        took = time.monotonic() - start
+        assert resp.status_code == 503, resp.text
+        message = resp.json()["error"]["message"]
+        assert "retry later" in message
+        assert took < 11.5  # before timeout_s (12 s) would have ended it
+        deadline = time.monotonic() + 5
+        while aborted(server) < before + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert aborted(server) == before + 1
