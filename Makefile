@@ -1,14 +1,18 @@
 # Two entry points for a fresh machine; each creates .venv and installs what it needs.
 VENV ?= .venv
 PYTHON ?= python3
-STAMP := $(VENV)/.installed-dev
+STAMP := $(VENV)/.installed-dev-hf
 
-.PHONY: serve-demo test lint bench
+.PHONY: demo serve-demo test lint bench
 
+# The hf extra (torch, transformers, diffusers) runs the real Cosmos3 model code on the CPU.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[dev,hf]'
 	touch $(STAMP)
+
+demo: $(STAMP)  ## the interleaved pipeline on the CPU: hf backend, tiny random-weight checkpoint
+	$(VENV)/bin/sgl-omni serve --demo --host 127.0.0.1 --port 8000 --model-name cosmos3
 
 serve-demo: $(STAMP)  ## the interleaved pipeline on the CPU with the scripted engines
 	$(VENV)/bin/sgl-omni serve --config configs/cpu-scripted.yaml --host 127.0.0.1 --port 8000 --model-name cosmos3

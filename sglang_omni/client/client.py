@@ -7,8 +7,12 @@ aborts the request on the server.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,6 +29,13 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": None, "max_tokens": None,
     "stop": None,
 }
+
+
+def _save_new(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a file that must not exist yet."""
+    with open(path, "xb") as f:
+        f.write(data)
+    return path
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -94,6 +105,69 @@ class Client:
             id=out["execution_id"], text=out.get("text", ""),
             segments=[Segment.from_wire(s) for s in out.get("segments", [])],
             finish_reason=out.get("finish_reason", ""), usage=out.get("usage") or {})
+
+    # --- direct generation (Cosmos3PipelineConfig) ------------------------------------------
+    def generate_media(self, prompt: str, *, output_dir: str | Path, kind: str = "image",
+                       file_name: str | None = None, poll_interval_s: float = 1.0,
+                       **fields: Any) -> list[Path]:
+        """Generate an image or a video on a direct generation server and save it.
+
+        ``fields`` are the native route's fields (``size``, ``seed``, ``num_frames``, ...).
+        The files are written into ``output_dir`` (created if needed) as ``file_name`` (default:
+        the request id) plus ``.png`` or ``.mp4``, never over an existing file; they belong to
+        the caller, and the server keeps no copy (a finished video job is deleted once it is
+        saved, and a video job is deleted, which aborts it, if waiting for it fails or is
+        interrupted). Returns the saved files.
+        """
+        if kind not in ("image", "video"):
+            raise ValueError(f"kind must be 'image' or 'video', got {kind!r}")
+        if file_name is not None and (not file_name or Path(file_name).name != file_name):
+            raise ValueError("file_name must be a plain file name without folders")
+        folder = Path(output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        if kind == "image":
+            resp = self._http.post("/v1/images/generations", json={
+                **fields, "prompt": prompt, "response_format": "b64_json"})
+            _raise_for(resp)
+            out = resp.json()
+            data = base64.b64decode(out["data"][0]["b64_json"])
+            return [_save_new(folder / f"{file_name or out['id']}.png", data)]
+        resp = self._http.post("/v1/videos", json={**fields, "prompt": prompt})
+        _raise_for(resp)
+        video_id = resp.json()["id"]
+        try:
+            job = self._wait_video(video_id, poll_interval_s)
+            if job["status"] != "completed":
+                error = job.get("error") or {}
+                raise OmniClientError(int(error.get("code", 500)),
+                                      str(error.get("message", "the video generation failed")),
+                                      str(error.get("type", "server_error")))
+            content = self._http.get(f"/v1/videos/{video_id}/content")
+            _raise_for(content)
+            return [_save_new(folder / f"{file_name or video_id}.mp4", content.content)]
+        finally:
+            self._forget_video(video_id)
+
+    def _wait_video(self, video_id: str, poll_interval_s: float) -> dict[str, Any]:
+        while True:
+            resp = self._http.get(f"/v1/videos/{video_id}")
+            _raise_for(resp)
+            job = resp.json()
+            if job["status"] in ("completed", "failed"):
+                return job
+            time.sleep(poll_interval_s)
+
+    def _forget_video(self, video_id: str) -> None:
+        """Delete the job (aborting it if it still runs); the server expires it otherwise."""
+        with contextlib.suppress(httpx.HTTPError):
+            self._http.delete(f"/v1/videos/{video_id}")
+
+    def generate_action(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One request to the native action route (``/v1/actions/generations``); returns its
+        response body (``data[0].action`` holds the ``[horizon, raw_action_dim]`` values)."""
+        resp = self._http.post("/v1/actions/generations", json=request)
+        _raise_for(resp)
+        return resp.json()
 
     def _stream_generate(self, body: dict[str, Any]) -> GenerateStream:
         return GenerateStream(self._http, body)

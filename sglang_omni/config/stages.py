@@ -21,9 +21,20 @@ GENERATION_FACTORY: dict[str, FactoryField] = {
     "step_time_s": FactoryField((int, float), 0.0,
                                 "scripted backend: seconds per simulated denoising step",
                                 minimum=0),
+    "cancellation_plugin": FactoryField(
+        (bool,), True, "native backend: provide the omni_generation_cancellation plugin to the "
+        "native workers (false: an aborted request keeps the stage busy until it finishes)"),
+    "audio": FactoryField(
+        (bool,), False, "native backend: serve audiovisual generation (checked at startup: full "
+        "checkpoint and FFmpeg with AAC)"),
 }
 
-REASONER_FACTORY: dict[str, FactoryField] = dict(PROCESS_FACTORY)
+REASONER_FACTORY: dict[str, FactoryField] = {
+    **PROCESS_FACTORY,
+    "native_lifecycle": FactoryField(
+        (bool,), False, "scripted backend: treat children as native SGLang processes (one that "
+        "exits stops the stage and the server)"),
+}
 
 
 def orchestrator_stage() -> StageSpec:

@@ -8,13 +8,19 @@ next check of ``job.cancelled``.
 Payloads by role:
 
 * reasoner: ``{"messages": [...], "sampling": {...}, "response_format": {...} | None,
-  "stream": bool, "turn_index": int, "umm_adapter": "module:Class" | None}``. Inline media in
-  messages are content parts whose url is ``omni-frame://N``: the bytes are ``job.frames[N]``.
-  Result payload: ``{"text", "finish_reason", "usage"}``; streamed chunks ``{"text": delta}``.
+  "stream": bool, "turn_index": int, "umm_adapter": "module:Class" | None}``, optionally
+  ``"stage_params": {...}`` (native chat request fields) and ``"options": {"logprobs",
+  "top_logprobs"}``. Inline media in messages are content parts whose url is
+  ``omni-frame://N``: the bytes are ``job.frames[N]``. Result payload: ``{"text",
+  "finish_reason", "usage"}`` (plus ``"logprobs"`` when asked); streamed chunks
+  ``{"text": delta}``, the first one sent once the request is accepted (it may be empty), so
+  the server answers a refused streaming request with its HTTP status.
 * generation: ``{"modality": "image" | "video", "prompt": str, "options": {...}}``. Result
   payload: ``{"media": [{"kind", "mime_type", "frame"}], "reason": str | None}`` with the bytes
   in ``JobResult.frames``; ``media`` is empty when the model produced nothing (``reason`` says
-  why). Chunks: ``{"step": i, "steps": n}`` progress.
+  why). Chunks: ``{"step": i, "steps": n}`` progress. Direct generation also sends
+  ``{"modality": "action", "request": {...}}`` (the native action route's JSON body); its
+  result payload is ``{"action": {...}}``, the native action route's response body.
 """
 
 from __future__ import annotations
@@ -51,7 +57,13 @@ class JobResult:
 
 
 class Engine(Protocol):
-    """A backend. ``start`` loads the model (before the ready handshake); ``close`` frees it."""
+    """A backend. ``start`` loads the model (before the ready handshake); ``close`` frees it.
+
+    Optional lifecycle hooks (the native backends define them): ``watch()`` completes with a
+    message once the engine can no longer serve (a native scheduler or detokenizer process
+    failed); the stage then reports ``fatal`` and exits. ``stops_server_on_exit = True`` makes
+    the server stop, with a non-zero exit code, whenever this stage process exits.
+    """
 
     async def start(self) -> None: ...
 
@@ -83,6 +95,20 @@ def build_engine(spec: EngineSpec) -> Engine:
         if spec.role == "reasoner":
             return scripted.ScriptedReasoner(spec)
         return scripted.ScriptedGenerator(spec)
+    if spec.backend == "native" and spec.role == "reasoner":
+        from sglang_omni.engines.native.reasoner import NativeReasoner
+
+        return NativeReasoner(spec)
+    if spec.backend == "native" and spec.role == "generation":
+        from sglang_omni.engines.native.generation import NativeGenerator
+
+        return NativeGenerator(spec)
+    if spec.backend == "hf":
+        from sglang_omni.engines import hf
+
+        if spec.role == "reasoner":
+            return hf.HFReasoner(spec)
+        return hf.HFGenerator(spec)
     if spec.backend == "native":
         raise RuntimeError(
             f"stages.{spec.stage}.factory.backend: the native backend is not available in this "

@@ -12,12 +12,24 @@ sampling fields the turn received. Past the script's end
 (or with no script) the answer is ``final`` with ``scripted reasoner: no script entry for turn N``;
 without a script and without an adapter (text-only chat) the reply is a short text derived from
 the input.
+Additions: ``{stage_params}`` in a ``text`` value becomes the JSON of the native fields
+(``stage_params``) the turn received; an entry ``{"error": {"status", "message"}}`` fails the turn
+with that status, as native SGLang refuses a request; a streaming turn first sends an empty
+chunk once it is accepted, as the native backend does. The Reasoner resolves the native server
+arguments as the native backend does (``native.server_args``) and logs them, and answers a warmup
+request before its stage reports ready unless ``engine.skip_server_warmup`` is set; with
+``factory.native_lifecycle`` its stage behaves like a native one: the ``children`` stand in for
+native SGLang's scheduler and detokenizer, one that exits stops the stage, and the stage's exit
+stops the server.
 
 Generator: PNG (default 640x640) or H.264 MP4 (``num_frames`` 33 at ``fps`` 24) whose pixels are a
 function of prompt, seed, size and frame index, after ``num_inference_steps`` (4) steps of
 ``factory.step_time_s`` seconds, cancellable between steps. Prompt directives: ``!no-media``,
 ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``, and ``!size=N`` (media
-padded with trailing zeros to N bytes, for benchmarks).
+padded with trailing zeros to N bytes, for benchmarks). Direct generation's actions
+(``modality`` ``action``, the native action route's body in ``request``) are checked as the
+native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
+(16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
 """
 
 from __future__ import annotations
@@ -29,11 +41,17 @@ import json
 import logging
 import os
 import re
+import time
 from typing import Any
 
+import psutil
+
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
+from sglang_omni.engines.native.reasoner_request import NativeRefusal
+from sglang_omni.engines.native.server_args import resolve_server_args
 from sglang_omni.engines.synth_media import encode_mp4, encode_png, frame_pixels
-from sglang_omni.errors import BadRequest
+from sglang_omni.errors import BadRequest, ServerError
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.settings import policy_from_spec
 
@@ -42,6 +60,7 @@ log = logging.getLogger("sglang_omni.scripted")
 SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
 INLINE_LIMIT = 8 * 1024 * 1024
 MEDIA_PART_KEYS = {"image_url": "image", "video_url": "video"}
+WARMUP_TEXT = "The capital city of France is"
 
 
 # --- Reasoner --------------------------------------------------------------------------------
@@ -110,7 +129,18 @@ def _substitute(text: str, job: Job, media: list[dict[str, str]]) -> str:
     if "{sampling}" in text:
         text = text.replace("{sampling}", json.dumps(job.payload.get("sampling") or {},
                                                      sort_keys=True))
+    if "{stage_params}" in text:
+        text = text.replace("{stage_params}", json.dumps(job.payload.get("stage_params") or {},
+                                                         sort_keys=True))
     return text
+
+
+def _refusal(entry: dict[str, Any]) -> NativeRefusal:
+    error = entry["error"] if isinstance(entry["error"], dict) else {}
+    status = error.get("status", 400)
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status < 600:
+        raise BadRequest("<omni-script> error entries need an HTTP status from 400 to 599")
+    return NativeRefusal(str(error.get("message", "scripted refusal")), status)
 
 
 def _load_adapter(path: str | None) -> Any:
@@ -126,9 +156,31 @@ class ScriptedReasoner:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.policy = policy_from_spec(spec.media_policy)
+        self.server_args = resolve_server_args(spec)
+        self.stops_server_on_exit = bool(spec.factory.get("native_lifecycle"))
+        self._children: dict[str, ExitProbe] = {}
 
     async def start(self) -> None:
-        return None
+        for warning in self.server_args.warnings:
+            log.warning(warning)
+        log.info("native server arguments (the scripted backend does not use them): %s",
+                 json.dumps(self.server_args.kwargs, sort_keys=True, default=str))
+        if self.stops_server_on_exit:
+            self._children = {f"the scripted native child process {p.pid}": psutil_probe(p)
+                              for p in psutil.Process().children()}
+        if self.server_args.skip_warmup:
+            log.info("warmup skipped (engine.skip_server_warmup)")
+            return
+        warmup = Job("warmup", {"messages": [{"role": "user", "content": WARMUP_TEXT}]}, [],
+                     emit=lambda _: None)
+        answer = await self.run(warmup)
+        log.info("warmup request answered before ready: %r", answer.payload["text"])
+
+    async def watch(self) -> str:
+        """With ``native_lifecycle``: complete when a ``children`` process exits."""
+        if not self.stops_server_on_exit:
+            await asyncio.Event().wait()
+        return f"{await first_exit(self._children)} (scripted native_lifecycle)"
 
     async def close(self) -> None:
         return None
@@ -149,6 +201,10 @@ class ScriptedReasoner:
         else:
             entry = {"action": "final",
                      "text": f"scripted reasoner: no script entry for turn {turn}"}
+        if isinstance(entry, dict) and "error" in entry:
+            raise _refusal(entry)
+        if payload.get("stream"):
+            job.emit({"text": ""})  # accepted
         if isinstance(entry, dict):
             entry = dict(entry)
             delay = float(entry.pop("delay_s", 0) or 0)
@@ -214,6 +270,12 @@ class ScriptedGenerator:
         modality = payload.get("modality", "image")
         prompt = str(payload.get("prompt", ""))
         options = dict(payload.get("options") or {})
+        action: dict[str, Any] | None = None
+        if modality == "action":
+            action = action_fields(dict(payload.get("request") or {}))
+            prompt = str(action.get("task") or action.get("prompt") or "")
+            options = {"num_inference_steps": action.get("num_inference_steps"),
+                       "seed": action.get("seed")}
         width = _int_option(options, "width", 640)
         height = _int_option(options, "height", 640)
         frames = _int_option(options, "num_frames", 33)
@@ -237,6 +299,11 @@ class ScriptedGenerator:
                 log.info("request %s: generation cancelled at step %d of %d", job.rid, step, steps)
                 raise
             job.emit({"step": step + 1, "steps": steps})
+        if action is not None:
+            if name == "no-media":
+                raise ServerError("the native action generation failed (action policy returned "
+                                  "no output; scripted directive !no-media)")
+            return JobResult({"action": scripted_action(job.rid, prompt, seed, steps, action)})
         if name == "no-media":
             reason = "scripted directive !no-media: the model ended without media (as native " \
                      "SGLang does on a guardrail block)"
@@ -263,3 +330,57 @@ class ScriptedGenerator:
             items.append({"kind": modality, "mime_type": mime, "frame": 1})
             media_frames.append(data)
         return JobResult({"media": items, "reason": None}, media_frames)
+
+
+# --- Actions (direct generation) ---------------------------------------------------------------
+ACTION_DOMAIN_IDS = {"droid_lerobot": 8}
+SCRIPTED_RAW_ACTION_DIM = 10
+
+
+def action_fields(request: dict[str, Any]) -> dict[str, Any]:
+    """The native action route's fields, flattened: body, ``input``, its ``observation``, then
+    ``parameters`` (later ones win), as the native Cosmos3 action route reads them."""
+    fields = {k: v for k, v in request.items() if k not in ("input", "parameters", "runtime")}
+    given = request.get("input")
+    if isinstance(given, dict):
+        fields.update({k: v for k, v in given.items() if k != "observation"})
+        if isinstance(given.get("observation"), dict):
+            fields.update(given["observation"])
+    if isinstance(request.get("parameters"), dict):
+        fields.update(request["parameters"])
+    return fields
+
+
+def scripted_action(rid: str, prompt: str, seed: int, steps: int,
+                    fields: dict[str, Any]) -> dict[str, Any]:
+    """A deterministic action response in the native action route's envelope."""
+    mode = str(fields.get("action_mode", "policy")).strip().lower()
+    if mode == "forward_dynamics":
+        raise BadRequest("Cosmos3 forward_dynamics produces video; use /v1/videos instead")
+    if mode not in ("policy", "inverse_dynamics"):
+        raise BadRequest("Cosmos3 action endpoint supports action_mode='policy' or "
+                         "'inverse_dynamics'")
+    horizon = int(fields.get("action_horizon", 16))
+    if horizon <= 0 or horizon % 4:
+        raise BadRequest("Cosmos3 action_horizon must be divisible by 4 so num_frames is "
+                         "compatible with the temporal VAE")
+    domain_name, domain_id = fields.get("domain_name"), fields.get("domain_id")
+    raw_dim = fields.get("raw_action_dim")
+    if domain_id is None and not domain_name:
+        raise BadRequest("Cosmos3 action requests require domain_name or domain_id")
+    if domain_id is not None and not domain_name and raw_dim is None:
+        raise BadRequest("raw_action_dim is required when only domain_id is provided")
+    dim = int(raw_dim or SCRIPTED_RAW_ACTION_DIM)
+    if domain_id is None:
+        domain_id = ACTION_DOMAIN_IDS.get(str(domain_name), 0)
+    digest = hashlib.sha256(f"{prompt}\x00{seed}".encode()).digest()
+    values = [[round(digest[(r * dim + c) % len(digest)] / 127.5 - 1.0, 4) for c in range(dim)]
+              for r in range(horizon)]
+    action = {"type": "continuous", "dtype": "float32", "shape": [horizon, dim],
+              "values": values, "action_mode": mode, "domain_id": int(domain_id),
+              "raw_action_dim": dim}
+    return {"id": rid, "object": "action.generation", "created": int(time.time()),
+            "model": "scripted",
+            "data": [{"index": 0, "input_index": 0, "candidate_index": 0, "action": action}],
+            "usage": {"batch_size": 1, "action_horizon": horizon, "action_dim": dim,
+                      "denoise_steps": steps, "prefix_cache_hit": False}}

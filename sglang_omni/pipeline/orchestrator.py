@@ -8,13 +8,14 @@ requests are run by the UMM controller.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.errors import ConfigError, ServiceUnavailable
 from sglang_omni.media import MediaPolicy
+from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.streams import stream_call
@@ -30,6 +31,7 @@ from sglang_omni.pipeline.umm import (
 )
 from sglang_omni.runtime.ipc import Frames
 from sglang_omni.runtime.request_ids import RequestIds
+from sglang_omni.runtime.stage_handle import StageHandle
 from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.chat_request import ChatRequest
 
@@ -60,6 +62,16 @@ class Orchestrator:
         self.ids = RequestIds()
         self.active: set[str] = set()
         self.controller: UMMController | None = None
+        self.chat_admission: ChatAdmission | None = None
+        if self.mode == "chat":
+            self.chat_admission = ChatAdmission.from_engine(
+                "reasoner", config.stage("reasoner").engine)
+        #: Set when a stage whose engine stops the server on exit died; ``on_fatal`` (set by
+        #: the CLI) then stops the server, which exits non-zero.
+        self.fatal_error: str | None = None
+        self.on_fatal: Callable[[], None] | None = None
+        for handle in self.stages.handles.values():
+            handle.death_listeners.append(self._on_stage_death)
         if issubclass(self.pipeline, UMMPipelineConfig):
             factory = config.stage("orchestrator").factory
             self.limits = Limits.from_factory(factory)
@@ -83,6 +95,16 @@ class Orchestrator:
     def healthy(self) -> bool:
         return self.stages.healthy
 
+    def _on_stage_death(self, handle: StageHandle) -> None:
+        if not handle.stops_server_on_exit or self.fatal_error is not None:
+            return
+        reason = handle.fatal_message or f"exit code {handle.exitcode}"
+        self.fatal_error = f"the {handle.name} stage exited ({reason})"
+        log.error("%s; its native SGLang processes are gone, so the server stops",
+                  self.fatal_error)
+        if self.on_fatal is not None:
+            self.on_fatal()
+
     def check_healthy(self) -> None:
         if not self.healthy:
             dead = [h.name for h in self.stages.handles.values() if not h.healthy]
@@ -105,6 +127,12 @@ class Orchestrator:
         return DispatchResult(stage, result.payload, result.frames)
 
     # --- routes ------------------------------------------------------------------------------
+    def admit_text_chat(self) -> AdmissionTicket | None:
+        """Admit a text-only chat request (503 beyond the native limits' sum); the caller
+        releases the ticket when the request ends."""
+        self.check_healthy()
+        return self.chat_admission.enter() if self.chat_admission is not None else None
+
     async def text_chat(self, rid: str, req: ChatRequest
                         ) -> AsyncIterator[dict[str, Any] | StageResult]:
         """One Reasoner completion: yields ``{"text": delta}`` chunks, then the StageResult."""
@@ -117,6 +145,7 @@ class Orchestrator:
             "stream": req.stream,
             "turn_index": 0,
             "umm_adapter": None,
+            "options": {k: req.extra[k] for k in ("logprobs", "top_logprobs") if k in req.extra},
         }
         async for item in stream_call(self.stages["reasoner"], rid, payload):
             yield item

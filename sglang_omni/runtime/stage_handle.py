@@ -74,6 +74,10 @@ class StageHandle:
         self.ready = False
         self.dead = False
         self.exitcode: int | None = None
+        #: Whether the stage's engine asked for the server to stop when this stage exits (sent
+        #: with ``ready``), and the reason a ``fatal`` message gave, if any.
+        self.stops_server_on_exit = False
+        self.fatal_message: str | None = None
         self.counters = StageCounters()
         self._pending: dict[str, _Pending] = {}
         self._tokens = itertools.count(1)
@@ -185,8 +189,13 @@ class StageHandle:
     def _on_message(self, header: dict[str, Any], frames: Frames) -> None:
         op = header.get("op")
         if op == "ready":
+            self.stops_server_on_exit = bool(header.get("stops_server_on_exit"))
             if self._ready_future and not self._ready_future.done():
                 self._ready_future.set_result(None)
+            return
+        if op == "fatal":
+            self.fatal_message = str(header.get("message"))
+            log.error("the %s stage failed: %s", self.name, self.fatal_message)
             return
         if op == "failed":
             if self._ready_future and not self._ready_future.done():
@@ -239,10 +248,12 @@ class StageHandle:
             return
         log.error("the %s stage process exited with code %s; failing %d in-flight request(s)",
                   self.name, self.exitcode, len(self._pending))
+        why = f"code {self.exitcode}" if self.fatal_message is None \
+            else f"code {self.exitcode}: {self.fatal_message}"
         for rid, pending in list(self._pending.items()):
             if not pending.future.done():
                 pending.future.set_exception(StageDied(
-                    f"the {self.name} stage process exited (code {self.exitcode}) while request "
+                    f"the {self.name} stage process exited ({why}) while request "
                     f"{rid} was running; the server is unhealthy and needs a restart"))
         self._pending.clear()
         for listener in self.death_listeners:

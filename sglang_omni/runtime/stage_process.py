@@ -1,9 +1,11 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
 Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
-``abort {rid}``, ``shutdown``. Stage -> server: ``ready``, ``failed {message}``,
-``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
-``error {rid, token, status, type, message}``, ``aborted {rid, token}``.
+``abort {rid}``, ``shutdown``. Stage -> server: ``ready {pid, stops_server_on_exit}``,
+``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
+``error {rid, token, status, type, message}``, ``aborted {rid, token}``, and
+``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
+then exits with code 3).
 
 The stage leads its own process group, so the server can take down the stage and every child it
 started with one signal, and it dies with the server (PR_SET_PDEATHSIG).
@@ -31,8 +33,12 @@ from sglang_omni.runtime.proc import die_with_parent, start_idle_child
 log = logging.getLogger("sglang_omni.stage")
 
 
+FATAL_EXIT_CODE = 3
+
+
 def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str) -> None:
-    """Run a stage until shutdown; the exit code is 0 on a clean stop, 1 on startup failure."""
+    """Run a stage until shutdown; the exit code is 0 on a clean stop, 1 on startup failure,
+    3 when the engine failed while serving."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device_env
     os.setpgid(0, 0)
     die_with_parent()
@@ -66,7 +72,6 @@ class _StageServer:
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
         self.stopping = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         for _ in range(int(self.spec.factory.get("children", 0) or 0)):
             self.children.append(start_idle_child())
         try:
@@ -77,10 +82,16 @@ class _StageServer:
             self._send_now({"op": "failed", "message": str(exc)}, None)
             self._stop_children()
             return 1
+        # Installed after start: a native engine may install its own handlers while starting.
+        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
-        self._send_now({"op": "ready", "pid": os.getpid()}, None)
+        self._send_now({"op": "ready", "pid": os.getpid(), "stops_server_on_exit": bool(
+            getattr(self.engine, "stops_server_on_exit", False))}, None)
         log.info("ready (backend %s)", self.spec.backend)
-        await self.stopping.wait()
+        fatal = await self._until_stop_or_failure()
+        if fatal is not None:
+            log.error("stopping: %s", fatal)
+            self.send({"op": "fatal", "message": fatal})  # queued: jobs may be sending
         for job, task, _ in list(self.jobs.values()):
             job.cancelled.set()
             task.cancel()
@@ -89,7 +100,25 @@ class _StageServer:
         await self.engine.close()
         self._stop_children()
         self.sender.shutdown(wait=True)
-        return 0
+        return 0 if fatal is None else FATAL_EXIT_CODE
+
+    async def _until_stop_or_failure(self) -> str | None:
+        """Wait for a shutdown request (None) or the engine's failure report (its message)."""
+        watch = getattr(self.engine, "watch", None)
+        if watch is None:
+            await self.stopping.wait()
+            return None
+        stop = asyncio.ensure_future(self.stopping.wait())
+        failure = asyncio.ensure_future(watch())
+        await asyncio.wait({stop, failure}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stop, failure):
+            task.cancel()
+        await asyncio.gather(stop, failure, return_exceptions=True)
+        if failure.cancelled():
+            return None
+        if failure.exception() is not None:
+            return f"the engine's watch failed: {failure.exception()!r}"
+        return str(failure.result())
 
     def _stop_children(self) -> None:
         for child in self.children:

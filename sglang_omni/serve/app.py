@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,12 +17,14 @@ from starlette.background import BackgroundTask
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.errors import BadRequest, OmniError
 from sglang_omni.media import check_chat_request
+from sglang_omni.pipeline.chat_admission import AdmissionTicket
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.umm import UMMRequest, UMMRun
 from sglang_omni.runtime.stage_result import StageResult
-from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.chat_request import ChatRequest, parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.generate_request import parse_generate_request
+from sglang_omni.serve.generation_routes import generation_routes
 from sglang_omni.serve.metrics import build_registry
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.sse import SSE_DONE, sse_data
@@ -115,19 +118,10 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         req = parse_chat_request(body, known_stages=stage_names)
         check_chat_request(body, orchestrator.policy)
         orchestrator.check_healthy()
-        rid = orchestrator.ids.claim(req.rid)
         model = req.model or served_name
         if orchestrator.mode == "chat":
-            if req.stream:
-                return StreamingResponse(_stream_text_chat(orchestrator, rid, model, req),
-                                         media_type="text/event-stream")
-            try:
-                result = await until_disconnect(request, _collect(orchestrator, rid, req))
-            except ClientDisconnected:
-                return Response(status_code=499)
-            return JSONResponse(completion_body(rid, model, result.payload.get("text", ""),
-                                                result.payload.get("finish_reason", "stop"),
-                                                result.payload.get("usage")))
+            return await _text_chat(request, orchestrator, req, model)
+        rid = orchestrator.ids.claim(req.rid)
         if req.response_format is not None:
             raise BadRequest("response_format: the interleaved pipeline sets the Reasoner's "
                              "decision format itself; remove response_format")
@@ -158,10 +152,59 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         return await respond_interleaved(request, run, generate_sse if req.stream else None,
                                          lambda done: generate_json(rid, done))
 
+    if orchestrator.mode == "generation":
+        app.include_router(generation_routes(orchestrator, served_name))
     return app
 
 
-async def _collect(orchestrator: Orchestrator, rid: str, req: Any) -> StageResult:
+async def _text_chat(request: Request, orchestrator: Orchestrator, req: ChatRequest,
+                     model: str) -> Response:
+    """One Reasoner completion. Admission (503) comes before the request id is used and before
+    the stage loads any media; the ticket is released when the request ends."""
+    ticket = orchestrator.admit_text_chat()
+    handed_over = False
+    try:
+        rid = orchestrator.ids.claim(req.rid)
+        if req.stream:
+            response = await _open_text_stream(request, orchestrator, rid, model, req, ticket)
+            handed_over = True
+            return response
+        result = await until_disconnect(request, _collect(orchestrator, rid, req))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        if not handed_over:
+            _release(ticket)
+    body = completion_body(rid, model, result.payload.get("text", ""),
+                           result.payload.get("finish_reason", "stop"),
+                           result.payload.get("usage"))
+    if result.payload.get("logprobs") is not None:
+        body["choices"][0]["logprobs"] = result.payload["logprobs"]
+    return JSONResponse(body)
+
+
+async def _open_text_stream(request: Request, orchestrator: Orchestrator, rid: str, model: str,
+                            req: ChatRequest, ticket: AdmissionTicket | None
+                            ) -> StreamingResponse:
+    """Commit to 200 only once the stage accepted the request (its first chunk), so a refusal
+    (invalid native field, refused or failed media) keeps its HTTP status."""
+    stream = orchestrator.text_chat(rid, req)
+    try:
+        first = await until_disconnect(request, anext(stream))
+    except BaseException:
+        await stream.aclose()
+        raise
+    sse = _text_chat_sse(rid, model, req, first, stream, ticket)
+    weakref.finalize(sse, _release, ticket)  # a response that never starts still releases
+    return StreamingResponse(sse, media_type="text/event-stream")
+
+
+def _release(ticket: AdmissionTicket | None) -> None:
+    if ticket is not None:
+        ticket.release()
+
+
+async def _collect(orchestrator: Orchestrator, rid: str, req: ChatRequest) -> StageResult:
     result: StageResult | None = None
     async for item in orchestrator.text_chat(rid, req):
         if isinstance(item, StageResult):
@@ -170,11 +213,17 @@ async def _collect(orchestrator: Orchestrator, rid: str, req: Any) -> StageResul
     return result
 
 
-async def _stream_text_chat(orchestrator: Orchestrator, rid: str, model: str,
-                            req: Any) -> AsyncIterator[str]:
+async def _text_chat_sse(rid: str, model: str, req: ChatRequest, first: Any,
+                         stream: AsyncGenerator[Any, None], ticket: AdmissionTicket | None
+                         ) -> AsyncIterator[str]:
+    async def items() -> AsyncIterator[Any]:
+        yield first
+        async for item in stream:
+            yield item
+
     yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
     try:
-        async for item in orchestrator.text_chat(rid, req):
+        async for item in items():
             if isinstance(item, StageResult):
                 usage = item.payload.get("usage") if req.include_usage else None
                 yield sse_data(chunk_body(rid, model, {}, item.payload.get("finish_reason",
@@ -183,4 +232,7 @@ async def _stream_text_chat(orchestrator: Orchestrator, rid: str, model: str,
                 yield sse_data(chunk_body(rid, model, {"content": item["text"]}))
     except OmniError as exc:
         yield sse_data(exc.to_body())
+    finally:
+        await stream.aclose()
+        _release(ticket)
     yield SSE_DONE

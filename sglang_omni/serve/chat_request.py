@@ -23,6 +23,8 @@ VIDEO_OPTIONS = ("video_fps", "video_max_frames", "video_min_frames", "max_frame
 ENVELOPE_FIELDS = ("model", "messages", "stream", "stream_options", "rid", "images", "videos",
                    "stage_params", "stage_sampling", "user", "n", "tools", "tool_choice",
                    "logprobs", "top_logprobs", "response_format", "return_logprob")
+#: Native request fields Omni sets from the request itself; refused under stage_params.
+OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 ROLES = ("system", "user", "assistant", "developer")
 PART_TYPES = ("text", "image_url", "video_url", "audio_url")
 
@@ -161,8 +163,16 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
                 raise BadRequest(f"{key}.{stage}: no such stage; this pipeline has "
                                  f"{', '.join(known_stages)}")
     refuse_single_completion_fields("", body, stream)
-    refuse_single_completion_fields(f"stage_params.{reasoner_stage}.",
-                                    stage_params.get(reasoner_stage, {}), stream)
+    native_fields = stage_params.get(reasoner_stage, {})
+    refuse_single_completion_fields(f"stage_params.{reasoner_stage}.", native_fields, stream)
+    for key in native_fields:
+        where = f"stage_params.{reasoner_stage}.{key}"
+        if key in OMNI_OWNED_FIELDS:
+            raise BadRequest(f"{where}: Omni sets it from the request; use the top-level "
+                             "field and remove it here")
+        if key in VIDEO_OPTIONS or key in ("audios", "images", "videos"):
+            raise BadRequest(f"{where}: native SGLang reads media only from content parts; "
+                             "put the media in the messages and remove it here")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options: expected an object")

@@ -1,0 +1,74 @@
+"""What both hf engines share: engine options, device and dtype, and the serial model thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sglang_omni.engines.base import EngineSpec
+
+log = logging.getLogger("sglang_omni.hf")
+T = TypeVar("T")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class JobCancelled(Exception):
+    """Raised on the model thread when the job's ``cancelled`` flag stops the model."""
+
+
+def engine_options(spec: EngineSpec, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``stages.<stage>.engine`` merged over ``defaults``; an unknown key stops startup."""
+    unknown = sorted(set(spec.engine) - set(defaults))
+    if unknown:
+        raise RuntimeError(
+            f"stages.{spec.stage}.engine.{unknown[0]}: not an option of the hf backend; it takes "
+            f"{', '.join(sorted(defaults))}")
+    options = {**defaults, **spec.engine}
+    if options.get("dtype", "auto") not in DTYPES:
+        raise RuntimeError(f"stages.{spec.stage}.engine.dtype: {options['dtype']!r} is not one "
+                           f"of {', '.join(DTYPES)}")
+    return options
+
+
+def torch_device(spec: EngineSpec) -> Any:
+    """The stage's device: its GPU (the only one the stage process sees) or the CPU."""
+    import torch
+
+    if spec.gpu is None:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"stages.{spec.stage}.gpu: {spec.gpu} is set but torch sees no CUDA "
+                           "device; set it to null to run the hf backend on the CPU")
+    if spec.gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(spec.gpu_memory_fraction, 0)
+    return torch.device("cuda", 0)
+
+
+def torch_dtype(name: str, device: Any) -> Any:
+    """``auto`` is float32 on the CPU and bfloat16 on a GPU."""
+    import torch
+
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return getattr(torch, name)
+
+
+class ModelThread:
+    """Runs blocking model calls one at a time, in submission order, on one thread.
+
+    A model object must not run two calls at once. Cancelling the awaiting task drops a call
+    that has not started; a running call stops at its own next check of ``job.cancelled``, and
+    the next call starts only after it returned.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

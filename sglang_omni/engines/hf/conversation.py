@@ -1,0 +1,100 @@
+"""OpenAI-style chat messages to what a transformers processor takes.
+
+Text parts stay text; ``image_url`` and ``video_url`` parts become ``{"type": "image"}`` and
+``{"type": "video"}`` placeholders for the chat template, and their media are read (inline frames
+from the job, everything else under the media policy, again on every turn) and decoded, in
+conversation order, which is the order the processor expands the placeholders in.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_omni.engines.base import Job
+from sglang_omni.errors import BadRequest
+from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+
+PART_KINDS = {"image_url": "image", "video_url": "video"}
+
+
+@dataclass
+class Video:
+    """Decoded RGB frames (T, H, W, 3) uint8 and the frame rate they play at."""
+
+    frames: Any
+    fps: float
+
+
+@dataclass
+class Conversation:
+    messages: list[dict[str, Any]]
+    images: list[Any] = field(default_factory=list)
+    videos: list[Video] = field(default_factory=list)
+
+
+async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
+    """The job's messages with every media part read and decoded (BadRequest on bad media)."""
+    import anyio
+
+    conversation = Conversation([])
+    with RequestMediaDir() as workdir:
+        for i, message in enumerate(job.payload.get("messages") or []):
+            if not isinstance(message, dict):
+                raise BadRequest(f"messages[{i}]: expected an object")
+            content = message.get("content")
+            if not isinstance(content, list):
+                conversation.messages.append({"role": message.get("role", "user"),
+                                              "content": "" if content is None else str(content)})
+                continue
+            parts: list[dict[str, Any]] = []
+            for j, part in enumerate(content):
+                kind = PART_KINDS.get(part.get("type", "")) if isinstance(part, dict) else None
+                if kind is None:
+                    if isinstance(part, dict) and part.get("type") == "text":
+                        parts.append({"type": "text", "text": str(part.get("text", ""))})
+                    continue
+                label = f"messages[{i}].content[{j}].{part['type']}"
+                ref = part[part["type"]]
+                url = ref.get("url", "") if isinstance(ref, dict) else str(ref)
+                data = job.frame_for(url)
+                if data is None:
+                    data = await load_bytes(url, policy, workdir, label=label)
+                if kind == "image":
+                    conversation.images.append(await anyio.to_thread.run_sync(
+                        decode_image, bytes(data), label))
+                else:
+                    conversation.videos.append(await anyio.to_thread.run_sync(
+                        decode_video, bytes(data), label))
+                parts.append({"type": kind})
+            conversation.messages.append({"role": message.get("role", "user"),
+                                          "content": parts})
+    return conversation
+
+
+def decode_image(data: bytes, label: str = "image") -> Any:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise BadRequest(f"{label}: not a readable image ({exc})") from None
+
+
+def decode_video(data: bytes, label: str = "video") -> Video:
+    """All frames of a video file as RGB arrays, with its average frame rate."""
+    import av
+    import numpy as np
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.base_rate or 24
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+    except (av.FFmpegError, IndexError, ValueError) as exc:
+        raise BadRequest(f"{label}: not a readable video ({exc})") from None
+    if not frames:
+        raise BadRequest(f"{label}: the video has no frames")
+    return Video(np.stack(frames), float(rate))

@@ -1,0 +1,290 @@
+"""The hf generator: diffusers' ``Cosmos3OmniPipeline`` behind the ``Engine`` interface.
+
+Images are PNG, videos H.264 MP4, with an AAC sound track when ``generate_sound`` (or
+``sound_duration``) asks for one and the checkpoint has a sound generator. Options are checked
+as for the native routes, plus what this backend needs (sizes are multiples of 16).
+
+Cancellation: ``callback_on_step_end`` runs after every denoising step; it raises when the job
+is cancelled, which stops the call at once (no further step, no VAE decode) and leaves the
+pipeline usable. It also emits ``{"step", "steps"}`` progress. One pipeline object must not run
+two calls at once, so calls run one at a time on the model thread.
+
+Engine options (``stages.generation.engine``): ``dtype`` (auto: float32 on the CPU, bfloat16 on
+a GPU) and ``defaults`` (generation options used where a request leaves them unset, e.g.
+``{num_inference_steps: 4}`` for a CPU demo).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.hf.common import (
+    JobCancelled,
+    ModelThread,
+    engine_options,
+    log,
+    torch_device,
+    torch_dtype,
+)
+from sglang_omni.engines.hf.conversation import decode_image, decode_video
+from sglang_omni.engines.synth_media import encode_png
+from sglang_omni.errors import BadRequest
+from sglang_omni.media import RequestMediaDir, load_bytes
+from sglang_omni.media.settings import policy_from_spec
+from sglang_omni.models.cosmos3.generation_options import check_generation_options
+
+DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}}
+SIZE_MULTIPLE = 16
+DEFAULT_SIZE = 640
+DEFAULT_VIDEO_FRAMES = 33
+DEFAULT_FPS = 24
+DEFAULT_SEED = 0
+GUARDRAILS_OFF_ENV = "SGLANG_DISABLE_COSMOS3_GUARDRAILS"
+
+
+@dataclass
+class Call:
+    """One pipeline call, built and checked before it reaches the model thread."""
+
+    modality: str
+    kwargs: dict[str, Any]
+    seed: int
+    fps: int
+    flow_shift: float | None = None
+    media: dict[str, Any] = field(default_factory=dict)
+
+
+class HFGenerator:
+    """``Cosmos3OmniPipeline`` from the checkpoint; one generation at a time."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        if not spec.model_path:
+            raise RuntimeError(f"stages.{spec.stage}: the hf backend needs model_path")
+        self.spec = spec
+        self.options = engine_options(spec, DEFAULTS)
+        defaults = self.options["defaults"]
+        if not isinstance(defaults, dict):
+            raise RuntimeError(f"stages.{spec.stage}.engine.defaults: expected a mapping of "
+                               "generation options")
+        try:
+            self.defaults = check_generation_options(defaults)
+        except BadRequest as exc:
+            raise RuntimeError(f"stages.{spec.stage}.engine.defaults: {exc.message}") from None
+        self.policy = policy_from_spec(spec.media_policy)
+        self.thread = ModelThread(f"{spec.stage}-model")
+
+    async def start(self) -> None:
+        await self.thread.call(self._load)
+
+    async def close(self) -> None:
+        self.thread.close()
+
+    def _load(self) -> None:
+        from diffusers import DiffusionPipeline
+
+        started = time.perf_counter()
+        self.device = torch_device(self.spec)
+        dtype = torch_dtype(self.options["dtype"], self.device)
+        guardrails = _guardrails_wanted()
+        self.pipe = DiffusionPipeline.from_pretrained(
+            self.spec.model_path, dtype=dtype, enable_safety_checker=guardrails)
+        self.pipe.to(self.device)
+        self.pipe.set_progress_bar_config(disable=True)
+        config = self.pipe.transformer.config
+        self.has_sound = bool(getattr(config, "sound_gen", False)) and \
+            getattr(self.pipe, "sound_tokenizer", None) is not None
+        self.has_action = bool(getattr(config, "action_gen", False))
+        self.base_flow_shift = getattr(self.pipe.scheduler.config, "flow_shift", None)
+        log.info("hf generator: %s loaded on %s (%s) in %.1f s; sound %s; guardrails %s",
+                 self.spec.model_path, self.device, dtype, time.perf_counter() - started,
+                 "yes" if self.has_sound else "no", "on" if guardrails else "off")
+
+    async def run(self, job: Job) -> JobResult:
+        payload = job.payload
+        modality = payload.get("modality", "image")
+        if modality == "action":
+            raise BadRequest("the hf backend does not serve the action route; use the native "
+                             "backend")
+        if modality not in ("image", "video"):
+            raise BadRequest(f"modality: expected image or video, got {modality!r}")
+        options = {**self.defaults, **check_generation_options(payload.get("options"))}
+        call = self._plan(modality, str(payload.get("prompt", "")), options)
+        await self._read_conditioning(call, options)
+        outcome = await self.thread.call(self._denoise, job, call)
+        if isinstance(outcome, str):
+            log.warning("request %s: generation produced no media: %s", job.rid, outcome)
+            return JobResult({"media": [], "reason": outcome})
+        data, mime = await _to_thread(_encode, modality, outcome, call.fps,
+                                      self._sample_rate() if outcome[1] is not None else None)
+        return JobResult({"media": [{"kind": modality, "mime_type": mime, "frame": 0}],
+                          "reason": None}, [data])
+
+    # --- request checks ------------------------------------------------------------------------
+    def _plan(self, modality: str, prompt: str, options: dict[str, Any]) -> Call:
+        where = "stage_params.generation"
+        if options.get("action_mode") is not None:
+            if not self.has_action:
+                raise BadRequest(f"{where}.action_mode: this checkpoint has no action head")
+            raise BadRequest(f"{where}.action_mode: the hf backend does not run action modes; "
+                             "use the native backend")
+        width = options.get("width", DEFAULT_SIZE)
+        height = options.get("height", DEFAULT_SIZE)
+        for key, value in (("width", width), ("height", height)):
+            if value % SIZE_MULTIPLE:
+                raise BadRequest(f"{where}.{key}: the hf backend needs a multiple of "
+                                 f"{SIZE_MULTIPLE}, got {value}")
+        fps = options.get("fps", DEFAULT_FPS)
+        frames = options.get("num_frames", DEFAULT_VIDEO_FRAMES) if modality == "video" else 1
+        sound = modality == "video" and bool(options.get("generate_sound")
+                                             or options.get("sound_duration"))
+        if sound and not self.has_sound:
+            raise BadRequest(f"{where}.generate_sound: this checkpoint has no sound generator")
+        kwargs: dict[str, Any] = {
+            "prompt": prompt, "height": height, "width": width, "num_frames": frames,
+            "fps": float(fps), "enable_sound": sound, "output_type": "np",
+            "enable_safety_check": options.get("use_guardrails", True) is not False,
+        }
+        for key in ("num_inference_steps", "guidance_scale", "negative_prompt"):
+            if key in options:
+                kwargs[key] = options[key]
+        return Call(modality, kwargs, int(options.get("seed", DEFAULT_SEED)), int(fps),
+                    options.get("flow_shift"))
+
+    async def _read_conditioning(self, call: Call, options: dict[str, Any]) -> None:
+        """image_path conditions a video on its first frame, video_path on its first frames
+        (read under the media policy); an image generation takes neither."""
+        if call.modality != "video":
+            return
+        with RequestMediaDir() as workdir:
+            for key in ("image_path", "video_path"):
+                if options.get(key):
+                    label = f"stage_params.generation.{key}"
+                    data = await load_bytes(options[key], self.policy, workdir, label=label)
+                    if key == "image_path":
+                        call.kwargs["image"] = await _to_thread(decode_image, data, label)
+                    else:
+                        call.kwargs["video"] = await _to_thread(_video_frames, data, label)
+        if "image" in call.kwargs and "video" in call.kwargs:
+            raise BadRequest("stage_params.generation: image_path and video_path exclude each "
+                             "other; set one")
+
+    # --- on the model thread -------------------------------------------------------------------
+    def _denoise(self, job: Job, call: Call) -> tuple[Any, Any] | str:
+        """(frames, sound) as arrays, or the reason there is no media."""
+        import torch
+
+        if job.cancelled.is_set():
+            raise JobCancelled()
+        steps = int(call.kwargs.get("num_inference_steps", 35))
+
+        def on_step_end(pipe: Any, index: int, timestep: Any,
+                        tensors: dict[str, Any]) -> dict[str, Any]:
+            if job.cancelled.is_set():
+                log.info("request %s: generation cancelled after step %d of %d", job.rid,
+                         index + 1, steps)
+                raise JobCancelled()
+            job.emit({"step": index + 1, "steps": steps})
+            return {}
+
+        scheduler = self.pipe.scheduler
+        if call.flow_shift is not None and call.flow_shift != self.base_flow_shift:
+            self.pipe.scheduler = type(scheduler).from_config(scheduler.config,
+                                                              flow_shift=call.flow_shift)
+        try:
+            output = self.pipe(
+                **call.kwargs, generator=torch.Generator("cpu").manual_seed(call.seed),
+                callback_on_step_end=on_step_end, callback_on_step_end_tensor_inputs=["latents"])
+        except ValueError as exc:
+            if "Guardrail" in str(exc):
+                return f"the Cosmos guardrail refused the prompt ({exc})"
+            raise BadRequest(f"stage_params.generation: {exc}") from None
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            return f"out of GPU memory ({exc})"
+        finally:
+            self.pipe.scheduler = scheduler
+        video = output.video
+        if video is None or len(video) == 0:
+            return "the pipeline returned no frames (the video guardrail may have blocked them)"
+        sound = output.sound.float().cpu().numpy() if output.sound is not None else None
+        return video, sound
+
+    def _sample_rate(self) -> int:
+        return int(self.pipe.sound_tokenizer.config.sampling_rate)
+
+
+def _guardrails_wanted() -> bool:
+    """Cosmos guardrails run when cosmos-guardrail is installed, unless turned off by env."""
+    if os.environ.get(GUARDRAILS_OFF_ENV) == "1":
+        return False
+    try:
+        import cosmos_guardrail  # noqa: F401
+    except ImportError:
+        log.warning("cosmos-guardrail is not installed: generation runs without the Cosmos "
+                    "guardrails (set %s=1 to say so explicitly)", GUARDRAILS_OFF_ENV)
+        return False
+    return True
+
+
+async def _to_thread(fn: Any, *args: Any) -> Any:
+    import anyio
+
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+def _video_frames(data: bytes, label: str) -> list[Any]:
+    from PIL import Image
+
+    return [Image.fromarray(f) for f in decode_video(data, label).frames]
+
+
+def _encode(modality: str, outcome: tuple[Any, Any], fps: int,
+            sample_rate: int | None) -> tuple[bytes, str]:
+    import numpy as np
+
+    video, sound = outcome
+    frames = (np.clip(np.asarray(video), 0.0, 1.0) * 255.0).round().astype(np.uint8)
+    if modality == "image":
+        return encode_png(frames[0]), "image/png"
+    return encode_mp4(list(frames), fps, sound, sample_rate), "video/mp4"
+
+
+def encode_mp4(frames: list[Any], fps: int, sound: Any = None,
+               sample_rate: int | None = None) -> bytes:
+    """H.264 (yuv420p, one encoder thread, so the bytes are reproducible) in MP4, with the
+    ``sound`` waveform (channels, samples) in [-1, 1] as an AAC track when given."""
+    import av
+    import numpy as np
+
+    height, width = frames[0].shape[:2]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        video = container.add_stream("libx264", rate=fps, options={"threads": "1"})
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.codec_context.time_base = Fraction(1, fps)
+        audio = None
+        if sound is not None and sample_rate:
+            layout = "stereo" if sound.shape[0] == 2 else "mono"
+            audio = container.add_stream("aac", rate=sample_rate, layout=layout)
+        for index, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts, frame.time_base = index, Fraction(1, fps)
+            container.mux(video.encode(frame))
+        container.mux(video.encode())
+        if audio is not None:
+            samples = np.ascontiguousarray(np.clip(sound, -1.0, 1.0).astype(np.float32))
+            size = audio.codec_context.frame_size or 1024
+            for start in range(0, samples.shape[1], size):
+                chunk = av.AudioFrame.from_ndarray(
+                    np.ascontiguousarray(samples[:, start:start + size]), format="fltp",
+                    layout=layout)
+                chunk.sample_rate, chunk.pts = sample_rate, start
+                container.mux(audio.encode(chunk))
+            container.mux(audio.encode())
+    return buf.getvalue()

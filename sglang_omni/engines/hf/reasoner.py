@@ -1,0 +1,336 @@
+"""The hf Reasoner: transformers' Cosmos3 understanding tower behind the ``Engine`` interface.
+
+It renders the conversation with the checkpoint's chat template and processor, and decodes with
+``generate`` on one model thread. A ``response_format`` JSON schema (the adapter's decision
+format) is enforced token by token (``constrained``), so decisions are valid JSON even from
+random weights. Streaming emits ``{"text": delta}`` chunks as tokens arrive; an abort stops
+decoding at the next token.
+
+Engine options (``stages.reasoner.engine``): ``dtype`` (auto: float32 on the CPU, bfloat16 on a
+GPU), ``max_new_tokens`` (plain replies when the client sets no length, 1024) and
+``max_structured_tokens`` (the budget of a JSON-schema reply, 2048).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.hf.common import (
+    JobCancelled,
+    ModelThread,
+    engine_options,
+    log,
+    torch_device,
+    torch_dtype,
+)
+from sglang_omni.engines.hf.constrained import (
+    MIN_BUDGET,
+    SchemaConstraint,
+    Vocabulary,
+    schema_of,
+)
+from sglang_omni.engines.hf.conversation import Conversation, read_conversation
+from sglang_omni.errors import BadRequest
+from sglang_omni.media.settings import policy_from_spec
+
+DEFAULTS: dict[str, Any] = {"dtype": "auto", "max_new_tokens": 1024,
+                            "max_structured_tokens": 2048}
+TURN_SEED_STRIDE = 1_000_003
+LENGTH_KEYS = ("max_tokens", "max_completion_tokens", "max_new_tokens")
+PASSED = {"top_p": "top_p", "min_p": "min_p",
+          "repetition_penalty": "repetition_penalty"}
+IGNORED = ("n", "stream_options", "user", "logprobs", "top_logprobs", "skip_special_tokens",
+           "no_stop_trim")
+
+
+class HFReasoner:
+    """``Cosmos3OmniForConditionalGeneration`` with its processor; one call at a time."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        if not spec.model_path:
+            raise RuntimeError(f"stages.{spec.stage}: the hf backend needs model_path")
+        self.spec = spec
+        self.options = engine_options(spec, DEFAULTS)
+        if int(self.options["max_structured_tokens"]) < MIN_BUDGET:
+            raise RuntimeError(f"stages.{spec.stage}.engine.max_structured_tokens: at least "
+                               f"{MIN_BUDGET}")
+        self.policy = policy_from_spec(spec.media_policy)
+        self.thread = ModelThread(f"{spec.stage}-model")
+
+    async def start(self) -> None:
+        await self.thread.call(self._load)
+
+    async def close(self) -> None:
+        self.thread.close()
+
+    def _load(self) -> None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        started = time.perf_counter()
+        self.device = torch_device(self.spec)
+        dtype = torch_dtype(self.options["dtype"], self.device)
+        self.processor = AutoProcessor.from_pretrained(self.spec.model_path)
+        self.tokenizer = self.processor.tokenizer
+        self.model = AutoModelForImageTextToText.from_pretrained(
+            self.spec.model_path, dtype=dtype).to(self.device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if not self.eos_ids:
+            self.eos_ids = [self.tokenizer.eos_token_id]
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self._vocab: Vocabulary | None = None
+        log.info("hf reasoner: %s loaded on %s (%s) in %.1f s", self.spec.model_path,
+                 self.device, dtype, time.perf_counter() - started)
+
+    def _vocabulary(self) -> Vocabulary:
+        if self._vocab is None:
+            self._vocab = Vocabulary(self.tokenizer, self.vocab_size, self.eos_ids)
+        return self._vocab
+
+    async def run(self, job: Job) -> JobResult:
+        payload = job.payload
+        schema = schema_of(payload.get("response_format"))
+        settings = self._settings(payload.get("sampling") or {},
+                                  payload.get("stage_params") or {}, schema is not None)
+        options = payload.get("options") or {}
+        settings["logprobs"] = bool(options.get("logprobs"))
+        settings["top_logprobs"] = int(options.get("top_logprobs") or 0)
+        conversation = await read_conversation(job, self.policy)
+        if payload.get("stream"):
+            job.emit({"text": ""})  # accepted
+        return await self.thread.call(self._generate, job, conversation, schema, settings)
+
+    def _settings(self, sampling: dict[str, Any], native: dict[str, Any],
+                  structured: bool) -> dict[str, Any]:
+        """transformers ``generate`` arguments from the request's sampling fields."""
+        merged = {**sampling, **native}
+        out: dict[str, Any] = {"seed": None, "stop": None}
+        limit = self.options["max_structured_tokens" if structured else "max_new_tokens"]
+        for key, value in merged.items():
+            if value is None or key in IGNORED:
+                continue
+            if key == "temperature":
+                _number(key, value, 0)
+                out["temperature"] = float(value)
+            elif key == "top_k":
+                _number(key, value, -1)
+                if value >= 1:  # -1 and 0 mean no top-k cut, as in native SGLang
+                    out["top_k"] = int(value)
+            elif key in PASSED:
+                _number(key, value, 0)
+                out[PASSED[key]] = value
+            elif key in ("presence_penalty", "frequency_penalty"):
+                _number(key, value, -2)
+                out[key] = float(value)
+            elif key == "seed":
+                out["seed"] = int(value)
+            elif key in LENGTH_KEYS:
+                if not structured:  # a decision's length is bounded by its format
+                    _number(key, value, 1)
+                    limit = int(value)
+            elif key in ("min_tokens", "min_new_tokens"):
+                if not structured:
+                    out["min_new_tokens"] = int(value)
+            elif key == "stop":
+                if not structured:
+                    out["stop"] = [value] if isinstance(value, str) else list(value)
+            elif key == "stop_token_ids":
+                if not structured:
+                    out["stop_token_ids"] = [int(t) for t in value]
+            elif key == "ignore_eos":
+                if value and not structured:
+                    out["ignore_eos"] = True
+            else:
+                raise BadRequest(f"{key}: not supported by the hf Reasoner backend; remove it")
+        out["max_new_tokens"] = int(limit)
+        return out
+
+    def _generate(self, job: Job, conversation: Conversation, schema: dict[str, Any] | None,
+                  settings: dict[str, Any]) -> JobResult:
+        import torch
+        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+        if job.cancelled.is_set():
+            raise JobCancelled()
+        inputs = self._inputs(conversation)
+        prompt_len = int(inputs["input_ids"].shape[1])
+        max_new = settings["max_new_tokens"]
+        processors: list[Any] = []
+        constraint = None
+        if schema is not None:
+            vocab = self._vocabulary()
+            constraint = SchemaConstraint(vocab, vocab.grammar(schema), prompt_len, max_new)
+            processors.append(constraint)
+        penalties = {k: settings[k] for k in ("presence_penalty", "frequency_penalty")
+                     if settings.get(k)}
+        if penalties:
+            processors.insert(0, _Penalties(prompt_len, **penalties))
+
+        class _Abort(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                return torch.full((input_ids.shape[0],), job.cancelled.is_set(),
+                                  dtype=torch.bool, device=input_ids.device)
+
+        temperature = settings.get("temperature")
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "logits_processor": LogitsProcessorList(processors),
+            "stopping_criteria": StoppingCriteriaList([_Abort()]),
+            "eos_token_id": self.eos_ids,
+            "pad_token_id": self.model.generation_config.pad_token_id or self.eos_ids[0],
+        }
+        if temperature is not None:
+            kwargs["do_sample"] = temperature > 0
+            if temperature > 0:
+                kwargs["temperature"] = temperature
+        for key in ("top_p", "top_k", "min_p", "repetition_penalty", "min_new_tokens"):
+            if key in settings:
+                kwargs[key] = settings[key]
+        if kwargs.get("do_sample") is False:
+            for key in ("top_p", "top_k", "min_p"):
+                kwargs.pop(key, None)
+        if settings.get("stop"):
+            kwargs["stop_strings"] = settings["stop"]
+            kwargs["tokenizer"] = self.tokenizer
+        if settings.get("stop_token_ids"):
+            kwargs["eos_token_id"] = [*self.eos_ids, *settings["stop_token_ids"]]
+        if settings.get("ignore_eos"):
+            kwargs["min_new_tokens"] = max_new
+        stream = _Stream(self.tokenizer, job) if job.payload.get("stream") else None
+        if stream is not None:
+            kwargs["streamer"] = stream
+        if settings["logprobs"]:
+            kwargs.update(return_dict_in_generate=True, output_logits=True)
+        if settings.get("seed") is not None:
+            # Each turn of a seeded request draws its own stream, reproducibly: the same seed
+            # on every turn would make every decision the same draw.
+            turn = int(job.payload.get("turn_index") or 0)
+            torch.manual_seed(settings["seed"] + TURN_SEED_STRIDE * turn)
+        with torch.inference_mode():
+            output = self.model.generate(**inputs.to(self.device), **kwargs)
+        if job.cancelled.is_set():
+            raise JobCancelled()
+        logits = None
+        if settings["logprobs"]:
+            output, logits = output.sequences, output.logits
+        ids = output[0].tolist()
+        new = ids[prompt_len:]
+        ended = bool(new) and new[-1] in kwargs["eos_token_id"]
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        if settings.get("stop"):
+            text = _cut_at_stop(text, settings["stop"])
+        if stream is not None:
+            stream.flush(text)
+        finish = "stop" if ended or len(new) < max_new else "length"
+        if constraint is not None and not constraint.complete(ids):
+            finish = "length"
+        result: dict[str, Any] = {
+            "text": text, "finish_reason": finish,
+            "usage": {"prompt_tokens": prompt_len, "completion_tokens": len(new),
+                      "total_tokens": prompt_len + len(new)},
+        }
+        if logits is not None:
+            result["logprobs"] = self._logprobs(new, logits, settings["top_logprobs"])
+        return JobResult(result)
+
+    def _logprobs(self, new: list[int], logits: Any, top: int) -> dict[str, Any]:
+        """OpenAI chat ``logprobs``: each generated token's log probability under the model's
+        raw distribution, with the ``top`` most likely alternatives."""
+        import torch
+
+        def entry(token: int, value: float) -> dict[str, Any]:
+            piece = self.tokenizer.decode([token])
+            return {"token": piece, "logprob": value, "bytes": list(piece.encode())}
+
+        content = []
+        for token, step in zip(new, logits, strict=False):
+            logp = torch.log_softmax(step[0].float(), dim=-1)
+            item = entry(token, float(logp[token]))
+            values, indices = torch.topk(logp, top) if top else (logp[:0], logp[:0])
+            item["top_logprobs"] = [entry(int(i), float(v))
+                                    for v, i in zip(values, indices, strict=True)]
+            content.append(item)
+        return {"content": content}
+
+    def _inputs(self, conversation: Conversation) -> Any:
+        from transformers.video_utils import VideoMetadata
+
+        text = self.processor.apply_chat_template(conversation.messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if conversation.images:
+            kwargs["images"] = conversation.images
+        if conversation.videos:
+            kwargs["videos"] = [v.frames for v in conversation.videos]
+            kwargs["video_metadata"] = [
+                VideoMetadata(total_num_frames=len(v.frames), fps=v.fps,
+                              height=v.frames.shape[1], width=v.frames.shape[2])
+                for v in conversation.videos]
+        return self.processor(**kwargs)
+
+
+def _number(key: str, value: Any, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise BadRequest(f"{key}: expected a number of at least {minimum}, got {value!r}")
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> str:
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+class _Penalties:
+    """OpenAI presence and frequency penalties over the tokens generated so far."""
+
+    def __init__(self, prompt_len: int, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0) -> None:
+        self.prompt_len = prompt_len
+        self.presence = presence_penalty
+        self.frequency = frequency_penalty
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        generated = input_ids[:, self.prompt_len:]
+        if generated.shape[1] == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+class _Stream:
+    """A transformers streamer that emits text deltas, holding back split UTF-8 characters."""
+
+    def __init__(self, tokenizer: Any, job: Job) -> None:
+        self.tokenizer = tokenizer
+        self.job = job
+        self.ids: list[int] = []
+        self.sent = ""
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:  # generate passes the prompt first
+            self.prompt_seen = True
+            return
+        self.ids.extend(int(t) for t in value.reshape(-1).tolist())
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return
+        self._emit(text)
+
+    def end(self) -> None:
+        return None
+
+    def flush(self, final: str) -> None:
+        """Send what the final text has beyond what was streamed (after stop trimming)."""
+        if final.startswith(self.sent):
+            self._emit(final)
+
+    def _emit(self, text: str) -> None:
+        delta = text[len(self.sent):]
+        if delta:
+            self.sent = text
+            self.job.emit({"text": delta})

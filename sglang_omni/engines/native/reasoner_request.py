@@ -1,0 +1,215 @@
+"""Omni Reasoner payloads to native chat requests, and native answers back to Omni results.
+
+Plain data work with no sglang import, so the rules are testable without the native extra:
+
+* media: every image, video and audio part goes through the media policy before native SGLang
+  sees it (:func:`localize_media`); inline ``omni-frame://N`` media become temporary files;
+* fields: the native chat request is the client's sampling fields, then
+  ``stage_params.<stage>`` (which wins), then what Omni owns (messages, stream, request id);
+* answers: a native completion body, a native SSE stream or a native error response become the
+  stage's result payload, chunks or an :class:`NativeRefusal` carrying native's HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_omni.engines.base import FRAME_SCHEME
+from sglang_omni.engines.synth_media import sniff_mime
+from sglang_omni.errors import BadRequest, OmniError
+from sglang_omni.media import MediaPolicy, PassThrough, RemoteMedia, RequestMediaDir, materialize
+
+MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
+#: Native chat request fields Omni sets itself; a stage_params value for them is refused.
+OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
+OPTION_FIELDS = ("logprobs", "top_logprobs")
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
+               503: "service_unavailable"}
+
+
+class NativeRefusal(OmniError):
+    """Native SGLang refused or failed a request; carries its HTTP status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500
+                                    else "server_error")
+
+
+def new_native_rid() -> str:
+    """A fresh native request id. All have one length, since native SGLang aborts every request
+    whose id starts with the aborted one."""
+    return f"omni-{uuid.uuid4().hex}"
+
+
+# --- media ------------------------------------------------------------------------------------
+def _frame_file(data: bytes, workdir: RequestMediaDir) -> str:
+    mime = sniff_mime(bytes(data[:16]))
+    suffix = (mimetypes.guess_extension(mime) or "") if mime else ""
+    path = workdir.new_file(suffix)
+    path.write_bytes(data)
+    return path.as_uri()
+
+
+async def _native_ref(ref: str, frames: list[bytes], policy: MediaPolicy,
+                      workdir: RequestMediaDir, label: str) -> str:
+    if ref.startswith(FRAME_SCHEME):
+        index = ref[len(FRAME_SCHEME):]
+        if not index.isdigit() or int(index) >= len(frames):
+            raise BadRequest(f"{label}: {ref} names no inline media of this request")
+        return _frame_file(frames[int(index)], workdir)
+    source = policy.resolve(ref, label=label)
+    if isinstance(source, PassThrough):
+        return ref  # no --allowed-local-media-path: native SGLang reads it as it always does
+    target = await materialize(ref, policy, workdir, label=label)
+    if isinstance(source, RemoteMedia) and not source.fetch:
+        return target  # no --allowed-media-domain: native SGLang fetches the URL itself
+    return Path(target).as_uri()  # a checked local file or one of the request's temp files
+
+
+async def localize_media(messages: list[dict[str, Any]], frames: list[bytes],
+                         policy: MediaPolicy, workdir: RequestMediaDir) -> list[dict[str, Any]]:
+    """A copy of ``messages`` whose media urls native SGLang can read under ``policy``.
+
+    Refused references raise MediaRefused (400) and failed fetches MediaFetchFailed before
+    native SGLang loads anything; files written for the request live in ``workdir``.
+    """
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(dict(message))
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in MEDIA_PART_TYPES:
+                parts.append(part)
+                continue
+            ref = part.get(kind)
+            body = dict(ref) if isinstance(ref, dict) else {"url": ref}
+            url = body.get("url")
+            label = f"messages[{i}].content[{j}].{kind}"
+            if not isinstance(url, str) or not url:
+                raise BadRequest(f"{label}: expected {{\"url\": \"...\"}} with a non-empty url")
+            body["url"] = await _native_ref(url, frames, policy, workdir, label)
+            parts.append({**part, kind: body})
+        out.append({**message, "content": parts})
+    return out
+
+
+# --- request fields ---------------------------------------------------------------------------
+def chat_request_fields(payload: dict[str, Any], messages: list[dict[str, Any]],
+                        native_rid: str, known_fields: Collection[str],
+                        stage: str = "reasoner") -> dict[str, Any]:
+    """The native ChatCompletionRequest fields for a Reasoner payload.
+
+    ``known_fields`` are the native request's field names: a stage_params name outside them,
+    or one Omni sets itself, is refused with 400 naming it.
+    """
+    stage_params = dict(payload.get("stage_params") or {})
+    for name in stage_params:
+        if name in OMNI_OWNED_FIELDS:
+            raise BadRequest(f"stage_params.{stage}.{name}: set by Omni from the request; "
+                             "remove it")
+        if name not in known_fields:
+            raise BadRequest(f"stage_params.{stage}.{name}: not a native chat request field "
+                             "of the pinned SGLang release")
+    options = {k: v for k, v in (payload.get("options") or {}).items() if k in OPTION_FIELDS}
+    fields: dict[str, Any] = {**dict(payload.get("sampling") or {}), **options, **stage_params}
+    if payload.get("response_format") is not None:
+        fields["response_format"] = payload["response_format"]
+    stream = bool(payload.get("stream"))
+    fields.update(messages=messages, stream=stream, rid=native_rid)
+    if stream:
+        fields["stream_options"] = {"include_usage": True}
+    return fields
+
+
+# --- answers ----------------------------------------------------------------------------------
+def refusal_from_error_body(status: int, body: Any) -> NativeRefusal:
+    """Map a native error (``{"message", "code", ...}``, possibly under ``"error"``)."""
+    error = body.get("error", body) if isinstance(body, dict) else {}
+    message = error.get("message") if isinstance(error, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and 400 <= code < 600:
+        status = code
+    return NativeRefusal(f"native SGLang: {message or 'request failed'}", status)
+
+
+def completion_result(body: dict[str, Any]) -> dict[str, Any]:
+    """The stage result payload of a native (non-streaming) chat completion body."""
+    choices = body.get("choices") or []
+    if not choices:
+        raise NativeRefusal("native SGLang returned no choice", 500)
+    choice = choices[0]
+    result = {
+        "text": (choice.get("message") or {}).get("content") or "",
+        "finish_reason": choice.get("finish_reason") or "stop",
+        "usage": _usage(body.get("usage")),
+    }
+    if choice.get("logprobs") is not None:
+        result["logprobs"] = choice["logprobs"]
+    return result
+
+
+def _usage(usage: Any) -> dict[str, int] | None:
+    if not isinstance(usage, dict):
+        return None
+    return {k: int(usage.get(k) or 0)
+            for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+
+
+@dataclass
+class StreamReader:
+    """Reads native SSE strings: forwards content deltas to ``emit`` as ``{"text"}`` chunks
+    (the first, for native's role chunk, empty), and keeps the finish reason and usage."""
+
+    emit: Callable[[dict[str, Any]], None]
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    done: bool = False
+    started: bool = False
+
+    def feed(self, sse: str | bytes) -> None:
+        """Take one item of native's body iterator; NativeRefusal for a native error event."""
+        if isinstance(sse, bytes):
+            sse = sse.decode()
+        for line in sse.splitlines():
+            if not line.startswith("data:"):
+                continue  # blank separators, named sglext events
+            data = line[5:].strip()
+            if data == "[DONE]":
+                self.done = True
+                continue
+            self._chunk(json.loads(data))
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            raise refusal_from_error_body(500, chunk)
+        if chunk.get("usage") is not None:
+            self.usage = _usage(chunk["usage"])
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = (choice.get("delta") or {}).get("content") or ""
+            if delta or not self.started:
+                self.started = True
+                self.text.append(delta)
+                self.emit({"text": delta})
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def result(self) -> dict[str, Any]:
+        if not self.done:
+            raise NativeRefusal("the native stream ended without [DONE]", 500)
+        return {"text": "".join(self.text), "finish_reason": self.finish_reason or "stop",
+                "usage": self.usage}

@@ -1,0 +1,383 @@
+"""Direct generation (``Cosmos3PipelineConfig``): the native image, video and action routes.
+
+The shapes are those of the pinned SGLang release's own routes, with JSON bodies:
+
+* ``POST /v1/images/generations``: ``{id, created, data: [{b64_json, revised_prompt}],
+  inference_time_s}``.
+* ``POST /v1/videos``: a job ``{id, object: "video", status: "queued", progress, size, seconds,
+  ...}``; ``GET /v1/videos[/{id}]`` reads jobs, ``GET /v1/videos/{id}/content`` returns the MP4
+  once ``status`` is ``completed``, ``DELETE /v1/videos/{id}`` forgets a job and aborts it if it
+  is still queued or running (native SGLang cannot abort here).
+* ``POST /v1/actions/generations``: the native action route's body and response.
+
+Omni keeps no files: images come back as ``b64_json`` only, and a finished video is held in
+memory until it is deleted or :data:`VIDEO_RETENTION_S` passes (at most :data:`MAX_VIDEO_JOBS`
+jobs are held). The generation stage reads ``image_path``/``video_path`` and action media
+under the media policy, which is checked here first (400 before any model work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from sglang_omni.engines.native.generation_action_media import action_media_refs
+from sglang_omni.engines.synth_media import sniff_mime
+from sglang_omni.errors import BadRequest, NotFound, OmniError, ServerError, ServiceUnavailable
+from sglang_omni.media.refs import check_generation_options
+from sglang_omni.models.cosmos3.generation_options import OPTIONS, POSITIVE
+from sglang_omni.pipeline.media_checks import MIME_BY_KIND
+from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.runtime.stage_result import StageResult
+from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
+
+MAX_VIDEO_JOBS = 64
+VIDEO_RETENTION_S = 3600
+DEFAULT_FPS = 24  # the native video route's defaults
+DEFAULT_SECONDS = 4
+VIDEO_EXTENSIONS = (".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".webm")
+
+IMAGE_OPTIONS = ("width", "height", "seed", "num_inference_steps", "guidance_scale",
+                 "negative_prompt", "flow_shift", "max_sequence_length", "use_guardrails")
+VIDEO_OPTIONS = (*IMAGE_OPTIONS, "num_frames", "fps", "image_path", "video_path",
+                 "generate_sound", "sound_duration", "action_mode", "action", "domain_name",
+                 "domain_id", "raw_action_dim", "action_horizon")
+IMAGE_FIELDS = ("prompt", "n", "size", "response_format", "output_format", "model", "user")
+VIDEO_FIELDS = ("prompt", "n", "num_outputs_per_prompt", "seconds", "size", "model", "user",
+                "input_reference", "reference_url", "video_url")
+NOT_HERE = ("output_path", "output_file_name", "save_output", "return_frames",
+            "return_file_paths_only")
+
+
+# --- request bodies ----------------------------------------------------------------------------
+async def _json_body(request: Request) -> dict[str, Any]:
+    if "json" not in request.headers.get("content-type", "application/json").lower():
+        raise BadRequest("send the request as JSON (Content-Type: application/json); "
+                         "multipart and msgpack bodies are not served by SGLang Omni")
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _flatten(body: dict[str, Any]) -> dict[str, Any]:
+    """Promote ``extra_params``/``extra_body`` fields and ``guardrails``, as native does."""
+    out = dict(body)
+    for container in ("extra_params", "extra_body"):
+        extra = out.pop(container, None)
+        if isinstance(extra, str):
+            try:
+                extra = json.loads(extra)
+            except json.JSONDecodeError:
+                raise BadRequest(f"{container}: expected a JSON object") from None
+        if extra is None:
+            continue
+        if not isinstance(extra, dict):
+            raise BadRequest(f"{container}: expected a JSON object")
+        for key, value in extra.items():
+            out.setdefault(key, value)
+    if "guardrails" in out:
+        out.setdefault("use_guardrails", out.pop("guardrails"))
+    return out
+
+
+def _check_option(key: str, value: Any) -> None:
+    types = OPTIONS[key]
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        names = "/".join("number" if t is float else t.__name__ for t in types)
+        raise BadRequest(f"{key}: expected {names}, got {value!r}")
+    if key in POSITIVE and value <= 0:
+        raise BadRequest(f"{key}: expected a positive integer, got {value!r}")
+
+
+def _split(body: dict[str, Any], fields: tuple[str, ...], options: tuple[str, ...],
+           route: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The route fields and the generation options of a body; 400 naming a wrong field."""
+    route_fields: dict[str, Any] = {}
+    opts: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in NOT_HERE:
+            raise BadRequest(f"{key}: SGLang Omni returns generated media itself and manages "
+                             "the native output folders; remove it")
+        if key in fields:
+            route_fields[key] = value
+        elif key in options:
+            if value is not None:
+                _check_option(key, value)
+                opts[key] = value
+        else:
+            raise BadRequest(f"{key}: not a field of {route} on this server; accepted: "
+                             f"{', '.join(sorted((*fields, *options)))}")
+    prompt = route_fields.get("prompt")
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt: required, a string")
+    for key in ("n", "num_outputs_per_prompt"):
+        if route_fields.get(key) not in (None, 1):
+            raise BadRequest(f"{key}: each generation returns exactly one media item; leave it "
+                             "at 1")
+    size = route_fields.get("size")
+    if size:
+        width, sep, height = str(size).lower().partition("x")
+        if not sep or not width.isdigit() or not height.isdigit() or not int(width) \
+                or not int(height):
+            raise BadRequest(f"size: expected WIDTHxHEIGHT, got {size!r}")
+        opts.setdefault("width", int(width))
+        opts.setdefault("height", int(height))
+    return route_fields, opts
+
+
+def _is_video_source(ref: Any) -> bool:
+    if not isinstance(ref, str):
+        return False
+    if ref.startswith("data:"):
+        return ref[5:].startswith("video/")
+    return ref.split("?", 1)[0].split("#", 1)[0].lower().endswith(VIDEO_EXTENSIONS)
+
+
+# --- results -----------------------------------------------------------------------------------
+def single_media(kind: str, result: StageResult) -> bytes:
+    """The one ``kind`` item a generation returned; ServerError (500) otherwise."""
+    items = result.payload.get("media") or []
+    if not items:
+        reason = result.payload.get("reason") or "no reason given"
+        raise ServerError(f"the {kind} generation ended without media ({reason}); the "
+                          "generation stage log has the details")
+    item = items[0]
+    index = item.get("frame")
+    if len(items) != 1 or not isinstance(index, int) or not 0 <= index < len(result.frames):
+        raise ServerError(f"the {kind} generation did not return exactly one media item")
+    data = bytes(result.frames[index])
+    declared = item.get("mime_type")
+    if item.get("kind") != kind or declared not in MIME_BY_KIND[kind] \
+            or sniff_mime(data[:16]) != declared:
+        raise ServerError(f"the generated {kind} is malformed: its bytes are not {declared}")
+    return data
+
+
+@dataclass
+class VideoJob:
+    """One ``/v1/videos`` job, as the native video route reports it."""
+
+    id: str
+    model: str
+    size: str
+    seconds: str
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    status: str = "queued"
+    progress: int = 0
+    completed_at: int | None = None
+    expires_at: int | None = None
+    error: dict[str, Any] | None = None
+    inference_time_s: float | None = None
+    data: bytes | None = field(default=None, repr=False)
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed")
+
+    def body(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "video", "model": self.model, "status": self.status,
+                "progress": self.progress, "created_at": self.created_at, "size": self.size,
+                "seconds": self.seconds, "quality": "standard", "url": None,
+                "completed_at": self.completed_at, "expires_at": self.expires_at,
+                "error": self.error, "inference_time_s": self.inference_time_s}
+
+    def on_progress(self, chunk: dict[str, Any]) -> None:
+        step, steps = chunk.get("step"), chunk.get("steps")
+        if self.status == "queued":
+            self.status = "in_progress"
+        if isinstance(step, int) and isinstance(steps, int) and steps > 0:
+            self.progress = min(99, 100 * step // steps)
+
+    def finish(self, *, data: bytes | None = None, error: OmniError | None = None,
+               engine_s: float | None = None) -> None:
+        self.completed_at = int(time.time())
+        self.expires_at = self.completed_at + VIDEO_RETENTION_S
+        if error is not None:
+            self.status = "failed"
+            self.error = {"message": error.message, "type": error.type, "code": error.status}
+            return
+        self.status, self.progress, self.data = "completed", 100, data
+        self.inference_time_s = engine_s
+
+
+class VideoJobs:
+    """The jobs held in memory, oldest first; each running job's task belongs to it."""
+
+    def __init__(self) -> None:
+        self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
+
+    def expire(self) -> None:
+        """Forget finished jobs older than their retention."""
+        now = time.time()
+        for job in [j for j in self.jobs.values() if j.expires_at and j.expires_at <= now]:
+            del self.jobs[job.id]
+
+    def admit(self, job: VideoJob) -> None:
+        self.expire()
+        if len(self.jobs) >= MAX_VIDEO_JOBS:
+            oldest = next((j for j in self.jobs.values() if j.finished), None)
+            if oldest is None:
+                raise ServiceUnavailable(f"{MAX_VIDEO_JOBS} video jobs are queued or running; "
+                                         "retry later")
+            del self.jobs[oldest.id]
+        self.jobs[job.id] = job
+
+    def get(self, video_id: str) -> VideoJob:
+        self.expire()
+        job = self.jobs.get(video_id)
+        if job is None:
+            raise NotFound(f"video {video_id!r} not found (deleted, expired after "
+                           f"{VIDEO_RETENTION_S} s, or never created)")
+        return job
+
+    def pop(self, video_id: str) -> VideoJob:
+        job = self.get(video_id)
+        del self.jobs[video_id]
+        if job.task is not None and not job.task.done():
+            job.task.cancel()  # aborts the generation on the stage
+        return job
+
+
+# --- routes ------------------------------------------------------------------------------------
+def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter:
+    """The direct generation routes over ``orchestrator``'s generation stage."""
+    router = APIRouter()
+    videos = VideoJobs()
+    policy = orchestrator.policy
+
+    def stage() -> Any:
+        orchestrator.check_healthy()
+        return orchestrator.stages["generation"]
+
+    async def call(request: Request, rid: str, payload: dict[str, Any]) -> StageResult | None:
+        """Run a generation for a waiting client; None when the client went away (aborted)."""
+        try:
+            return await until_disconnect(request, stage().call(rid, payload))
+        except ClientDisconnected:
+            return None
+
+    @router.post("/v1/images/generations")
+    async def image_generations(request: Request) -> Response:
+        body = _flatten(await _json_body(request))
+        fields, options = _split(body, IMAGE_FIELDS, IMAGE_OPTIONS, "/v1/images/generations")
+        if fields.get("response_format") not in (None, "b64_json"):
+            raise BadRequest("response_format: SGLang Omni keeps no copies of generated media, "
+                             "so images come back as b64_json only")
+        if fields.get("output_format") not in (None, "png"):
+            raise BadRequest("output_format: native Cosmos3 writes PNG images; use png")
+        rid = orchestrator.ids.claim()
+        result = await call(request, rid, {"modality": "image", "prompt": fields["prompt"],
+                                           "options": options})
+        if result is None:
+            return Response(status_code=499)
+        data = single_media("image", result)
+        return JSONResponse({
+            "id": rid, "created": int(time.time()),
+            "data": [{"b64_json": base64.b64encode(data).decode(),
+                      "revised_prompt": fields["prompt"]}],
+            "inference_time_s": result.engine_s})
+
+    @router.post("/v1/videos")
+    async def create_video(request: Request) -> JSONResponse:
+        body = _flatten(await _json_body(request))
+        fields, options = _split(body, VIDEO_FIELDS, VIDEO_OPTIONS, "/v1/videos")
+        for key in ("input_reference", "reference_url", "video_url"):
+            ref = fields.get(key)
+            if ref is None:
+                continue
+            if not isinstance(ref, str):
+                raise BadRequest(f"{key}: expected a media path or URL string")
+            policy.check(ref, label=key)
+            target = "video_path" if key == "video_url" or _is_video_source(ref) \
+                else "image_path"
+            options.setdefault(target, ref)
+        if options.get("action_mode") not in (None, "forward_dynamics"):
+            raise BadRequest("action_mode: action-producing policy and inverse-dynamics "
+                             "requests use /v1/actions/generations; /v1/videos is for videos")
+        check_generation_options(options, policy)
+        fps = options.setdefault("fps", DEFAULT_FPS)
+        seconds = DEFAULT_SECONDS if fields.get("seconds") is None else fields["seconds"]
+        if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:
+            raise BadRequest(f"seconds: expected a positive integer, got {seconds!r}")
+        if "action_horizon" in options:  # forward dynamics: one frame per action, plus one
+            options.setdefault("num_frames", options["action_horizon"] + 1)
+        frames = options.setdefault("num_frames", fps * seconds)
+        size = f"{options['width']}x{options['height']}" if "width" in options \
+            and "height" in options else ""
+        handle = stage()
+        job = VideoJob(orchestrator.ids.claim(), fields.get("model") or served_name, size,
+                       str(round(frames / fps)))
+        videos.admit(job)
+        job.task = asyncio.create_task(run_video(handle, job, fields["prompt"], options))
+        return JSONResponse(job.body())
+
+    async def run_video(handle: Any, job: VideoJob, prompt: str,
+                        options: dict[str, Any]) -> None:
+        try:
+            result = await handle.call(job.id, {"modality": "video", "prompt": prompt,
+                                                 "options": options},
+                                       on_chunk=job.on_progress)
+            job.finish(data=single_media("video", result), engine_s=result.engine_s)
+        except OmniError as exc:
+            job.finish(error=exc)
+        except Exception as exc:  # noqa: BLE001 - a bug fails the job, not the server
+            job.finish(error=ServerError(f"the video generation failed: {exc!r}"))
+
+    @router.get("/v1/videos")
+    async def list_videos() -> JSONResponse:
+        videos.expire()
+        data = [job.body() for job in reversed(videos.jobs.values())]
+        return JSONResponse({"object": "list", "data": data,
+                             "first_id": data[0]["id"] if data else None,
+                             "last_id": data[-1]["id"] if data else None, "has_more": False})
+
+    @router.get("/v1/videos/{video_id}")
+    async def retrieve_video(video_id: str) -> JSONResponse:
+        return JSONResponse(videos.get(video_id).body())
+
+    @router.get("/v1/videos/{video_id}/content")
+    async def video_content(video_id: str) -> Response:
+        job = videos.get(video_id)
+        if job.error is not None:
+            raise NotFound(f"video {video_id!r} failed: {job.error['message']}")
+        if job.data is None:
+            raise NotFound(f"video {video_id!r} is still {job.status.replace('_', ' ')}; poll "
+                           "GET /v1/videos/{id} until its status is completed")
+        return Response(job.data, media_type="video/mp4", headers={
+            "Content-Disposition": f'attachment; filename="{video_id}.mp4"'})
+
+    @router.delete("/v1/videos/{video_id}")
+    async def delete_video(video_id: str) -> JSONResponse:
+        job = videos.pop(video_id)
+        return JSONResponse({**job.body(), "status": "deleted"})
+
+    @router.post("/v1/actions/generations")
+    async def action_generations(request: Request) -> Response:
+        body = await _json_body(request)
+        for label, ref in action_media_refs(body):
+            policy.check(ref, label=label)
+        rid = orchestrator.ids.claim()
+        result = await call(request, rid, {"modality": "action", "request": body})
+        if result is None:
+            return Response(status_code=499)
+        response = result.payload.get("action")
+        if not isinstance(response, dict):
+            raise ServerError("the action generation returned no action")
+        if response.get("object") == "action.generation":
+            response = {**response, "model": served_name}
+        return JSONResponse(response)
+
+    return router
