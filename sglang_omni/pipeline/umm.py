@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Protocol
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
 from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
+from sglang_omni.pipeline.media_checks import INLINE_LIMIT
 from sglang_omni.runtime.ipc import Frames
 
 TEXT, IMAGE, VIDEO = "text", "image", "video"
@@ -142,7 +143,9 @@ class UMMPipelineConfig(PipelineConfig):
 
     @classmethod
     def largest_output_bytes(cls, max_dispatches: int) -> int:
-        raise NotImplementedError(f"{cls.__name__} must say how large its outputs can get")
+        """Subclasses say what their outputs can take; the base assumes every dispatch may
+        output one media item at the 8 MiB inline limit, base64-encoded."""
+        return max_dispatches * 4 * math.ceil(INLINE_LIMIT / 3)
 
     @classmethod
     def largest_output_count(cls, max_dispatches: int) -> int:

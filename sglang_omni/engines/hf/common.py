@@ -72,3 +72,21 @@ class ModelThread:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ThreadedModelEngine:
+    """Base of the hf engines: the model loads and runs on one ``ModelThread``.
+
+    Subclasses set ``self.thread`` in ``__init__`` and implement ``_load`` (run on the thread).
+    """
+
+    thread: ModelThread
+
+    async def start(self) -> None:
+        await self.thread.call(self._load)
+
+    async def close(self) -> None:
+        self.thread.close()
+
+    def _load(self) -> None:
+        raise TypeError(f"{type(self).__name__} must define _load")

@@ -27,6 +27,7 @@ from sglang_omni.engines.base import EngineSpec, Job, JobResult
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
+    ThreadedModelEngine,
     engine_options,
     log,
     torch_device,
@@ -60,7 +61,7 @@ class Call:
     media: dict[str, Any] = field(default_factory=dict)
 
 
-class HFGenerator:
+class HFGenerator(ThreadedModelEngine):
     """``Cosmos3OmniPipeline`` from the checkpoint; one generation at a time."""
 
     def __init__(self, spec: EngineSpec) -> None:
@@ -78,12 +79,6 @@ class HFGenerator:
             raise RuntimeError(f"stages.{spec.stage}.engine.defaults: {exc.message}") from None
         self.policy = policy_from_spec(spec.media_policy)
         self.thread = ModelThread(f"{spec.stage}-model")
-
-    async def start(self) -> None:
-        await self.thread.call(self._load)
-
-    async def close(self) -> None:
-        self.thread.close()
 
     def _load(self) -> None:
         from diffusers import DiffusionPipeline

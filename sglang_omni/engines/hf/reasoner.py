@@ -20,6 +20,7 @@ from sglang_omni.engines.base import EngineSpec, Job, JobResult
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
+    ThreadedModelEngine,
     engine_options,
     log,
     torch_device,
@@ -45,7 +46,7 @@ IGNORED = ("n", "stream_options", "user", "logprobs", "top_logprobs", "skip_spec
            "no_stop_trim")
 
 
-class HFReasoner:
+class HFReasoner(ThreadedModelEngine):
     """``Cosmos3OmniForConditionalGeneration`` with its processor; one call at a time."""
 
     def __init__(self, spec: EngineSpec) -> None:
@@ -58,12 +59,6 @@ class HFReasoner:
                                f"{MIN_BUDGET}")
         self.policy = policy_from_spec(spec.media_policy)
         self.thread = ModelThread(f"{spec.stage}-model")
-
-    async def start(self) -> None:
-        await self.thread.call(self._load)
-
-    async def close(self) -> None:
-        self.thread.close()
 
     def _load(self) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
