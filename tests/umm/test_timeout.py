@@ -55,8 +55,19 @@ def test_streaming_request_gets_an_error_event_with_the_timeout_code(server: Ser
     assert events[-1] == ("message", "[DONE]")
 
 
+def settled(server: Server) -> dict:
+    """The stage counters once every earlier job has reported how it ended (an abort's
+    acknowledgement may still be on its way when the previous test returns)."""
+    def done() -> bool:
+        c = counts(server)
+        return c["generation", "submitted"] == sum(
+            c["generation", outcome] for outcome in ("completed", "failed", "aborted"))
+    wait_for(done)
+    return counts(server)
+
+
 def test_timed_out_generation_is_aborted(server: Server) -> None:
-    before = counts(server)
+    before = settled(server)
     assert post_generate(server, SLOW).status_code == 504
     wait_for(lambda: counts(server)["generation", "aborted"] == before["generation",
                                                                        "aborted"] + 1)
