@@ -139,7 +139,8 @@ class Orchestrator:
         self.check_healthy()
         payload = {
             "messages": req.messages,
-            "sampling": req.sampling,
+            # stage_sampling.reasoner outranks the top-level sampling fields
+            "sampling": {**req.sampling, **req.stage_sampling.get("reasoner", {})},
             "stage_params": req.stage_params.get("reasoner", {}),
             "response_format": req.response_format,
             "stream": req.stream,

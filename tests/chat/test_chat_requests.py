@@ -126,6 +126,12 @@ def test_sampling_fields_left_out_are_not_sent(server: Server, stream: bool) -> 
     assert json.loads(answer(server, body)) == {"max_tokens": 16, "temperature": 0.2}
 
 
+def test_stage_sampling_outranks_top_level_sampling(server: Server) -> None:
+    body = {"messages": say("{sampling}"), "temperature": 0.2, "top_p": 0.9,
+            "stage_sampling": {"reasoner": {"top_p": 0.5, "top_k": 7}}}
+    assert json.loads(answer(server, body)) == {"temperature": 0.2, "top_p": 0.5, "top_k": 7}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_stage_params_reach_the_stage(server: Server, stream: bool) -> None:
     params = {"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
