@@ -17,6 +17,7 @@ from sglang_omni.errors import ConfigError
 EPILOG = """overrides: any stage field as a dotted flag, the stages. prefix left out, e.g.
   --reasoner.gpu 3  --generation.factory.output_dir out  --reasoner.engine.context_length 32768
   --generation.factory.backend scripted  --orchestrator.factory.timeout_s 600
+  server settings (limits, timeouts) the same way: --server.max_body_bytes 1048576
 Flags outrank the config file."""
 
 
@@ -29,6 +30,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                    help="folder that file:// URLs and local media paths must resolve into")
     p.add_argument("--allowed-media-domain", metavar="HOST", action="append",
                    help="fetch remote media only from this host (repeatable)")
+    p.add_argument("--api-key", metavar="KEY", help=(
+        "require 'Authorization: Bearer KEY' on every route but /health (or set "
+        "SGLANG_OMNI_API_KEY, which keeps the key out of process listings)"))
     p.add_argument("--mem-fraction-static", type=float, metavar="F",
                    help="native SGLang memory fraction of the Reasoner (same as "
                         "--reasoner.engine.mem_fraction_static); wins over "
@@ -83,7 +87,7 @@ def _resolve(args: argparse.Namespace, extra: list[str]) -> Any:
     return load_config(
         args.config, overrides, model_path=model_path,
         text_only=args.text_only, allowed_local_media_path=args.allowed_local_media_path,
-        allowed_media_domain=args.allowed_media_domain,
+        allowed_media_domain=args.allowed_media_domain, api_key=args.api_key,
     )
 
 

@@ -36,9 +36,37 @@ class MediaRefused(BadRequest):
     """A media reference the media policy does not allow."""
 
 
+class Unauthorized(OmniError):
+    """The request lacks the server's API key (``Authorization: Bearer KEY``)."""
+
+    status = 401
+    type = "authentication_error"
+
+
 class NotFound(OmniError):
     status = 404
     type = "not_found_error"
+
+
+class RequestTooSlow(OmniError):
+    """The client took longer than the server's body timeout to send its request."""
+
+    status = 408
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(OmniError):
+    """The request body exceeds ``server.max_body_bytes``."""
+
+    status = 413
+    type = "invalid_request_error"
+
+
+class UnsupportedMediaType(OmniError):
+    """The request body is not in a format the route reads (for example not JSON)."""
+
+    status = 415
+    type = "invalid_request_error"
 
 
 # --- capacity ------------------------------------------------------------------------------------
@@ -47,6 +75,10 @@ class ServiceUnavailable(OmniError):
 
     status = 503
     type = "service_unavailable"
+
+
+class StageRestarting(ServiceUnavailable):
+    """A stage process is being restarted after it exited; retry shortly."""
 
 
 # --- server errors -------------------------------------------------------------------------------

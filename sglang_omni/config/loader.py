@@ -7,6 +7,7 @@ names the key and the fix.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,11 @@ from sglang_omni.config.schema import (
     StageSpec,
     pipeline_class,
 )
+from sglang_omni.config.server import API_KEY_ENV, resolve_server_settings
 from sglang_omni.errors import ConfigError
 
 TOP_LEVEL_KEYS = ("config_cls", "model_path", "stages", "allowed_local_media_path",
-                  "allowed_media_domain")
+                  "allowed_media_domain", "server")
 STAGE_KEYS = ("gpu", "gpu_memory_fraction", "factory", "engine")
 TEXT_ONLY_CLS = "Cosmos3ReasonerPipelineConfig"
 
@@ -79,6 +81,15 @@ def _read_file(path: str | Path) -> dict[str, Any]:
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
+    if parts[0] == "server":
+        if len(parts) != 2:
+            raise ConfigError(f"--{dotted}: name one server setting, for example "
+                              "--server.max_body_bytes 1048576")
+        node = raw.setdefault("server", {})
+        if not isinstance(node, dict):
+            raise ConfigError("server: must be a mapping of setting to value")
+        node[parts[1]] = value
+        return
     if parts[0] in TOP_LEVEL_KEYS and parts[0] != "stages":
         if len(parts) != 1:
             raise ConfigError(f"--{dotted}: {parts[0]} has no sub-keys")
@@ -192,9 +203,13 @@ def load_config(
     text_only: bool = False,
     allowed_local_media_path: str | None = None,
     allowed_media_domain: list[str] | None = None,
+    api_key: str | None = None,
     visible_gpus: int | None = None,
 ) -> ResolvedConfig:
-    """Resolve the configuration the server runs; raises ConfigError naming key and fix."""
+    """Resolve the configuration the server runs; raises ConfigError naming key and fix.
+
+    ``api_key`` (``--api-key``) outranks ``server.api_key``, which outranks the
+    ``SGLANG_OMNI_API_KEY`` environment variable."""
     raw: dict[str, Any] = _read_file(config_file) if config_file else {}
     for key in raw:
         if key not in TOP_LEVEL_KEYS:
@@ -246,6 +261,11 @@ def load_config(
         domains = [domains]
     if not isinstance(domains, list) or not all(isinstance(d, str) and d for d in domains):
         raise ConfigError(f"allowed_media_domain: expected a list of host names, got {domains!r}")
-    resolved = ResolvedConfig(cls_name, mp, stages, local, tuple(domains))
+    if api_key is not None:
+        raw.setdefault("server", {})
+        if isinstance(raw["server"], dict):
+            raw["server"]["api_key"] = api_key
+    server = resolve_server_settings(raw.get("server"), os.environ.get(API_KEY_ENV) or None)
+    resolved = ResolvedConfig(cls_name, mp, stages, local, tuple(domains), server)
     cls.validate(resolved)
     return resolved

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import ConfigError
 
 BACKENDS = ("native", "hf", "scripted")
@@ -92,6 +93,7 @@ class ResolvedConfig:
     stages: dict[str, StageConfig]
     allowed_local_media_path: str | None = None
     allowed_media_domain: tuple[str, ...] = ()
+    server: ServerSettings = field(default_factory=ServerSettings)
 
     def stage(self, name: str) -> StageConfig:
         return self.stages[name]
@@ -108,6 +110,7 @@ class ResolvedConfig:
             "model_path": self.model_path,
             "allowed_local_media_path": self.allowed_local_media_path,
             "allowed_media_domain": list(self.allowed_media_domain),
+            "server": self.server.to_dict(),
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
         }
 

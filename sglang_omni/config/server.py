@@ -1,0 +1,101 @@
+"""Server-wide settings: who may call, request limits, connection timeouts.
+
+They live under the config file's top-level ``server:`` mapping and are set from the command line
+as ``--server.<key> VALUE`` (``--api-key`` and the ``SGLANG_OMNI_API_KEY`` environment variable
+set ``api_key``). Every limit is checked before any model work; the defaults allow the model's
+documented sizes (1280x720 and 1024x1024 images, 1280x720 videos of 189 frames, 100 steps) and
+refuse what no machine can hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from sglang_omni.errors import ConfigError
+
+API_KEY_ENV = "SGLANG_OMNI_API_KEY"
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The ``server:`` section. Field docs are the README's limit table."""
+
+    #: Bearer key every route but /health requires (None: no authentication).
+    api_key: str | None = None
+    #: Largest request body in bytes (413 above it).
+    max_body_bytes: int = 256 * MiB
+    #: Deepest JSON nesting of a request body (400 above it).
+    max_json_depth: int = 64
+    #: Media references (images, videos, audios, image_path, video_path...) one request may carry.
+    max_media_parts: int = 32
+    #: Total media bytes one request may fetch or decode from data URLs, all parts together.
+    max_media_bytes: int = 256 * MiB
+    #: Generation: largest width * height of one image or video frame.
+    max_pixels: int = 1920 * 1088
+    #: Generation: most frames of one video.
+    max_frames: int = 257
+    #: Generation: most denoising steps.
+    max_inference_steps: int = 200
+    #: Generation: longest video in seconds (num_frames / fps).
+    max_video_seconds: float = 30.0
+    #: Generation: largest width/height or height/width.
+    max_aspect_ratio: float = 8.0
+    #: Seconds an idle keep-alive connection stays open.
+    idle_timeout_s: float = 5.0
+    #: Seconds a client may take to send a request's headers.
+    header_timeout_s: float = 10.0
+    #: Seconds a client may take to send a request's body.
+    body_timeout_s: float = 60.0
+    #: Seconds between SSE keep-alive comments while a stream has nothing to send (0: off).
+    sse_keepalive_s: float = 15.0
+    #: Seconds a 503 answer tells the client to wait (Retry-After).
+    retry_after_s: int = 5
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings for ``sgl-omni config resolve``; the key itself is never printed."""
+        out = asdict(self)
+        out["api_key"] = None if self.api_key is None else "<set>"
+        return out
+
+
+_MINIMUM: dict[str, float] = {
+    "max_body_bytes": 1, "max_json_depth": 2, "max_media_parts": 0, "max_media_bytes": 1,
+    "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
+    "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
+    "body_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
+}
+KEYS = tuple(f.name for f in fields(ServerSettings))
+
+
+def resolve_server_settings(raw: Any, api_key_env: str | None = None) -> ServerSettings:
+    """Validate the ``server:`` mapping; ``api_key_env`` (the environment's key) fills
+    ``api_key`` when the mapping leaves it unset. ConfigError names the key and the fix."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("server: must be a mapping, for example {max_body_bytes: 1048576}")
+    values: dict[str, Any] = {}
+    defaults = ServerSettings()
+    for key, value in raw.items():
+        if key not in KEYS:
+            raise ConfigError(f"server.{key}: unknown setting; the server section takes "
+                              f"{', '.join(KEYS)}")
+        if key == "api_key":
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError("server.api_key: expected a non-empty string (or pass "
+                                  f"--api-key, or set {API_KEY_ENV})")
+            values[key] = value
+            continue
+        default = getattr(defaults, key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"server.{key}: expected a number, got {value!r}")
+        if isinstance(default, int) and not isinstance(value, int):
+            raise ConfigError(f"server.{key}: expected a whole number, got {value!r}")
+        if value < _MINIMUM[key]:
+            raise ConfigError(f"server.{key}: {value!r} is below the minimum {_MINIMUM[key]}")
+        values[key] = value
+    if values.get("api_key") is None and api_key_env:
+        values["api_key"] = api_key_env
+    return ServerSettings(**values)
