@@ -120,6 +120,7 @@ def _serve(config: Any, args: argparse.Namespace) -> int:
     import uvicorn
 
     from sglang_omni.serve.app import create_app
+    from sglang_omni.serve.connection import uvicorn_options
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s [server] %(levelname)s %(name)s: %(message)s")
@@ -130,7 +131,8 @@ def _serve(config: Any, args: argparse.Namespace) -> int:
         return 2
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5,
+                                           **uvicorn_options(config.server)))
     orchestrator = app.state.orchestrator
     orchestrator.on_fatal = lambda: setattr(server, "should_exit", True)
     server.run()

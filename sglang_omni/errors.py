@@ -48,6 +48,13 @@ class NotFound(OmniError):
     type = "not_found_error"
 
 
+class MethodNotAllowed(OmniError):
+    """The route exists but does not take this HTTP method."""
+
+    status = 405
+    type = "invalid_request_error"
+
+
 class RequestTooSlow(OmniError):
     """The client took longer than the server's body timeout to send its request."""
 

@@ -43,7 +43,10 @@ def _raise_for(resp: httpx.Response) -> None:
         return
     try:
         error = resp.json()["error"]
-        raise OmniClientError(int(error.get("code", resp.status_code)), str(error["message"]),
+        message = str(error["message"])
+        if resp.status_code == 401:
+            message += " (SDK: pass Client(api_key=KEY) with the server's --api-key)"
+        raise OmniClientError(int(error.get("code", resp.status_code)), message,
                               str(error.get("type", "")))
     except (ValueError, KeyError, TypeError):
         raise OmniClientError(resp.status_code, resp.text[:500]) from None

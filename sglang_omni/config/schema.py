@@ -41,6 +41,25 @@ PROCESS_FACTORY: dict[str, FactoryField] = {
         (int,), 0, "scripted backend: idle child processes to start, as native engines do",
         minimum=0,
     ),
+    "max_restarts": FactoryField(
+        (int,), 3, "restarts of an exited stage process allowed within restart_window_s "
+        "(0: never restart; past the budget the server stays unhealthy)", minimum=0,
+    ),
+    "restart_window_s": FactoryField(
+        (int, float), 600.0, "seconds over which max_restarts is counted", minimum=0.001
+    ),
+    "restart_backoff_s": FactoryField(
+        (int, float), 1.0, "wait before the first restart; doubles with each restart in the "
+        "window (at most 60 s)", minimum=0
+    ),
+    "heartbeat_interval_s": FactoryField(
+        (int, float), 1.0, "seconds between heartbeats the server sends the stage",
+        minimum=0.01,
+    ),
+    "stall_timeout_s": FactoryField(
+        (int, float), 30.0, "a stage that answers no heartbeat for this long is stalled: its "
+        "requests fail and it is killed and restarted", minimum=0.01
+    ),
 }
 
 

@@ -32,6 +32,10 @@ class ServerSettings:
     max_media_parts: int = 32
     #: Total media bytes one request may fetch or decode from data URLs, all parts together.
     max_media_bytes: int = 256 * MiB
+    #: Seconds a media host may stall (connect, or no byte received) before its fetch fails.
+    media_fetch_timeout_s: float = 10.0
+    #: Seconds one media fetch may take in all, redirects included (a trickling host fails).
+    media_fetch_deadline_s: float = 60.0
     #: Generation: largest width * height of one image or video frame.
     max_pixels: int = 1920 * 1088
     #: Generation: most frames of one video.
@@ -62,6 +66,7 @@ class ServerSettings:
 
 _MINIMUM: dict[str, float] = {
     "max_body_bytes": 1, "max_json_depth": 2, "max_media_parts": 0, "max_media_bytes": 1,
+    "media_fetch_timeout_s": 0.001, "media_fetch_deadline_s": 0.001,
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
     "body_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,

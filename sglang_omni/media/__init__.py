@@ -1,8 +1,10 @@
 """The media policy every route and stage applies to client-supplied media references.
 
 * :mod:`.policy`: :class:`MediaPolicy`, the allow/refuse decision (no network I/O);
-* :mod:`.refs`: every media reference of a chat request / generation options, with labels;
+* :mod:`.refs`: every media reference of a chat request / generation options, with labels, and
+  the request-wide pre-check (:func:`check_media_refs`: count, policy, inline bytes);
 * :mod:`.fetch`: :func:`materialize` / :func:`load_bytes`, the guarded reads;
+* :mod:`.resolve`, :mod:`.addresses`: resolve-once, public-address checks, pinned connections;
 * :mod:`.workdir`: :class:`RequestMediaDir`, the per-request temp folder;
 * :mod:`.urls`, :mod:`.local`, :mod:`.inline`: the syntax rules for each kind of reference.
 """
@@ -14,12 +16,12 @@ from sglang_omni.media.policy import (
     LocalMedia,
     MediaPolicy,
     MediaSource,
-    PassThrough,
     RemoteMedia,
 )
 from sglang_omni.media.refs import (
     check_chat_request,
     check_generation_options,
+    check_media_refs,
     iter_chat_media_refs,
     iter_generation_media_refs,
 )
@@ -31,11 +33,11 @@ __all__ = [
     "LocalMedia",
     "MediaPolicy",
     "MediaSource",
-    "PassThrough",
     "RemoteMedia",
     "RequestMediaDir",
     "check_chat_request",
     "check_generation_options",
+    "check_media_refs",
     "fetch_remote",
     "iter_chat_media_refs",
     "iter_generation_media_refs",

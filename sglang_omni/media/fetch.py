@@ -2,24 +2,34 @@
 
 :func:`materialize` turns an allowed reference into what the native engine should read;
 :func:`load_bytes` returns the media bytes themselves (for CPU test engines); :func:`fetch_remote`
-is the guarded HTTP fetch both use.
+is the guarded HTTP fetch both use. Omni fetches every remote reference itself (native SGLang is
+handed a temporary file), so every rule below holds on every route and stage.
 
-The fetch never lets httpx follow redirects: each hop is validated like a fresh reference (scheme,
-syntax, and, while ``--allowed-media-domain`` is set, the host) before it is requested, and at most
-``max_redirects`` are followed. It asks for an unencoded body (a compressed one is refused, so the
-limit counts the bytes that are stored) and streams it, refusing a declared ``Content-Length`` over
-the limit up front and stopping as soon as the bytes read pass the limit. ``fetch_timeout_s`` bounds
-connecting and every read (a stalled host), ``fetch_deadline_s`` the whole fetch (a trickling one).
+The fetch resolves each host once and connects only to the addresses it checked
+(:mod:`.resolve`): without an allowlist entry for the host, every address must be public, so
+neither a private literal nor DNS rebinding reaches an internal service. It never lets httpx
+follow redirects: each hop is validated like a fresh reference (scheme, syntax, host rules,
+addresses) before it is requested, and at most ``max_redirects`` are followed. It asks for an
+unencoded body (a compressed one is refused, so the limit counts the bytes that are stored) and
+streams it, refusing a declared ``Content-Length`` over the limit up front and stopping as soon as
+the bytes read pass the limit. ``fetch_timeout_s`` bounds connecting and every read (a stalled
+host), ``fetch_deadline_s`` the whole fetch, redirects included (a trickling, slowloris host).
+
+Bytes fetched and decoded from inline data are counted per request (on the request's
+:class:`RequestMediaDir`) against ``max_media_bytes``: over it is :class:`MediaRefused` (400,
+naming ``--server.max_media_bytes``).
 
 Failures map to the statuses of native SGLang's other chat routes: :class:`MediaFetchFailed`
 with 400 when the media host answers 404, 500 when it answers another error, fails, times out,
-redirects too often or sends more than the limit; a redirect to a refused URL is
-:class:`MediaRefused` (400).
+redirects too often or sends more than the limit; a redirect to a refused URL or a host on a
+refused address is :class:`MediaRefused` (400). Messages never carry internal exception text;
+the details go to the log.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import mimetypes
 import os
 import stat
@@ -33,16 +43,26 @@ import httpx
 from sglang_omni.errors import MediaFetchFailed, MediaRefused
 from sglang_omni.media import inline
 from sglang_omni.media.policy import (
+    MEDIA_BYTES_FLAG,
     InlineMedia,
     LocalMedia,
     MediaPolicy,
     MediaSource,
-    PassThrough,
     RemoteMedia,
     preview,
 )
+from sglang_omni.media.resolve import (
+    AddressRefused,
+    NoAddress,
+    PinnedAddress,
+    Resolver,
+    checked_addresses,
+    pinned_request,
+)
 from sglang_omni.media.urls import RemoteURL
 from sglang_omni.media.workdir import RequestMediaDir
+
+log = logging.getLogger("sglang_omni.media")
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _HEADERS = {"Accept-Encoding": "identity", "User-Agent": "sglang-omni-media"}
@@ -50,6 +70,20 @@ _HEADERS = {"Accept-Encoding": "identity", "User-Agent": "sglang-omni-media"}
 
 def _limit_text(policy: MediaPolicy) -> str:
     return f"the {policy.max_file_size_mb:g} MB limit (media_url_max_file_size_mb)"
+
+
+def charge(workdir: RequestMediaDir | None, policy: MediaPolicy, size: int, *,
+           label: str) -> None:
+    """Count ``size`` media bytes against the request's ``max_media_bytes``; 400 when over."""
+    if workdir is None:
+        return
+    workdir.media_bytes += size
+    limit = policy.max_media_bytes
+    if limit is not None and workdir.media_bytes > limit:
+        raise MediaRefused(
+            f"{label}: the request's media add up to more than {limit} bytes "
+            f"({MEDIA_BYTES_FLAG} {limit}); send fewer or smaller media, or raise the limit"
+        )
 
 
 def _suffix_for(mime: str | None, path: str = "") -> str:
@@ -62,16 +96,24 @@ def _suffix_for(mime: str | None, path: str = "") -> str:
 
 
 async def fetch_remote(
-    url: RemoteURL, policy: MediaPolicy, sink: Callable[[bytes], object], *, label: str
+    url: RemoteURL,
+    policy: MediaPolicy,
+    sink: Callable[[bytes], object],
+    *,
+    label: str,
+    workdir: RequestMediaDir | None = None,
+    resolver: Resolver | None = None,
 ) -> str | None:
     """GET ``url`` under ``policy``, passing the body to ``sink`` chunk by chunk.
 
-    Returns the response's Content-Type (or ``None``). Checks the host of every redirect target
-    against the policy's allowlist when one is set. Raises :class:`MediaRefused` or
-    :class:`MediaFetchFailed` as described in the module docstring; ``sink`` may have received a
-    partial body when it raises.
+    Returns the response's Content-Type (or ``None``). Checks the host and its resolved
+    addresses on the first request and every redirect (``resolver``: the DNS lookup, the
+    system's by default). Bytes received are counted on ``workdir`` (when given) against
+    ``max_media_bytes``. Raises :class:`MediaRefused` or :class:`MediaFetchFailed` as described
+    in the module docstring; ``sink`` may have received a partial body when it raises.
     """
     where = f"{label}: fetching {preview(url.url)}"
+    fetch = _Fetch(policy, sink, label, where, workdir, resolver)
     try:
         with anyio.fail_after(policy.fetch_deadline_s):
             async with httpx.AsyncClient(
@@ -80,69 +122,113 @@ async def fetch_remote(
                 trust_env=policy.trust_env,
                 headers=_HEADERS,
             ) as client:
-                return await _follow(client, url, policy, sink, label=label, where=where)
+                return await fetch.follow(client, url)
     except TimeoutError:
         raise MediaFetchFailed(
-            f"{where} took longer than {policy.fetch_deadline_s:g} s", 500
+            f"{where} took longer than {policy.fetch_deadline_s:g} s (the whole fetch, "
+            "redirects included)", 500
         ) from None
     except httpx.TimeoutException:
         raise MediaFetchFailed(
             f"{where} timed out (no progress for {policy.fetch_timeout_s:g} s)", 500
         ) from None
+    except httpx.ConnectError as e:
+        log.info("%s: cannot connect: %r", where, e)
+        raise MediaFetchFailed(f"{where} failed: cannot connect to the media host", 500) from None
     except httpx.HTTPError as e:
-        raise MediaFetchFailed(f"{where} failed ({type(e).__name__}: {e})", 500) from None
+        log.info("%s: failed: %r", where, e)
+        raise MediaFetchFailed(
+            f"{where} failed: the connection to the media host broke ({type(e).__name__})", 500
+        ) from None
 
 
-async def _follow(
-    client: httpx.AsyncClient,
-    url: RemoteURL,
-    policy: MediaPolicy,
-    sink: Callable[[bytes], object],
-    *,
-    label: str,
-    where: str,
-) -> str | None:
-    current = url
-    for hop in range(policy.max_redirects + 1):
-        async with client.stream("GET", current.url) as response:
-            location = response.headers.get("location")
-            if response.status_code in REDIRECT_STATUSES and location:
-                if hop == policy.max_redirects:
-                    raise MediaFetchFailed(
-                        f"{where} was redirected more than {policy.max_redirects} times", 500
-                    )
-                try:
-                    target = str(response.url.join(location))
-                except (httpx.InvalidURL, ValueError):
-                    target = location
-                current = policy.check_redirect(target, label=label)
-                continue
-            if response.status_code == 404:
-                raise MediaFetchFailed(f"{where} failed: the media host answered 404", 400)
-            if not 200 <= response.status_code < 300:
+class _Fetch:
+    """One fetch: the hops of a redirect chain, each resolved, checked and pinned."""
+
+    def __init__(self, policy: MediaPolicy, sink: Callable[[bytes], object], label: str,
+                 where: str, workdir: RequestMediaDir | None, resolver: Resolver | None) -> None:
+        self.policy, self.sink, self.label, self.where = policy, sink, label, where
+        self.workdir, self.resolver = workdir, resolver
+        self.content_type: str | None = None
+
+    async def follow(self, client: httpx.AsyncClient, url: RemoteURL) -> str | None:
+        current = RemoteMedia(url, allow_private=self.policy.allowlisted(url.host))
+        for hop in range(self.policy.max_redirects + 1):
+            location = await self._hop(client, current)
+            if location is None:
+                return self.content_type
+            if hop == self.policy.max_redirects:
                 raise MediaFetchFailed(
-                    f"{where} failed: the media host answered {response.status_code}", 500
+                    f"{self.where} was redirected more than {self.policy.max_redirects} times",
+                    500,
                 )
-            encoding = response.headers.get("content-encoding", "identity").strip().lower()
-            if encoding not in ("", "identity"):
-                raise MediaFetchFailed(
-                    f"{where} failed: the media host sent a {encoding!r}-encoded body", 500
-                )
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and policy.over_limit(int(declared)):
+            try:
+                target = str(httpx.URL(current.url.url).join(location))
+            except (httpx.InvalidURL, ValueError):
+                target = location
+            current = self.policy.check_redirect(target, label=self.label)
+        raise AssertionError("unreachable")
+
+    async def _addresses(self, media: RemoteMedia) -> list[PinnedAddress]:
+        try:
+            return await checked_addresses(
+                media.url, allow_private=media.allow_private, resolver=self.resolver
+            )
+        except AddressRefused as e:
+            raise MediaRefused(f"{self.label}: {e} (got {preview(media.url.url)})") from None
+        except NoAddress as e:
+            raise MediaFetchFailed(f"{self.where} failed: {e}", 500) from None
+
+    async def _hop(self, client: httpx.AsyncClient, media: RemoteMedia) -> str | None:
+        """Request one URL; the redirect location, or ``None`` once the body was received."""
+        addresses = await self._addresses(media)
+        for i, address in enumerate(addresses):
+            pinned = pinned_request(media.url, address)
+            try:
+                async with client.stream("GET", pinned.url, headers=pinned.headers,
+                                         extensions=pinned.extensions) as response:
+                    return await self._response(response)
+            except httpx.ConnectError:
+                if i == len(addresses) - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _response(self, response: httpx.Response) -> str | None:
+        where, policy = self.where, self.policy
+        location = response.headers.get("location")
+        if response.status_code in REDIRECT_STATUSES and location:
+            return location
+        if response.status_code == 404:
+            raise MediaFetchFailed(f"{where} failed: the media host answered 404", 400)
+        if not 200 <= response.status_code < 300:
+            raise MediaFetchFailed(
+                f"{where} failed: the media host answered {response.status_code}", 500
+            )
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise MediaFetchFailed(
+                f"{where} failed: the media host sent a compressed body ({encoding[:20]!r})", 500
+            )
+        declared = response.headers.get("content-length", "").strip()
+        if declared.isdigit() and declared.isascii():
+            if policy.over_limit(int(declared)):
                 raise MediaFetchFailed(
                     f"{where}: the media is larger than {_limit_text(policy)}", 500
                 )
-            received = 0
-            async for chunk in response.aiter_raw():
-                received += len(chunk)
-                if policy.over_limit(received):
-                    raise MediaFetchFailed(
-                        f"{where}: the media is larger than {_limit_text(policy)}", 500
-                    )
-                sink(chunk)
-            return response.headers.get("content-type")
-    raise AssertionError("unreachable")
+            if policy.max_media_bytes is not None and self.workdir is not None and \
+                    self.workdir.media_bytes + int(declared) > policy.max_media_bytes:
+                charge(self.workdir, policy, int(declared), label=self.label)  # raises
+        received = 0
+        async for chunk in response.aiter_raw():
+            received += len(chunk)
+            if policy.over_limit(received):
+                raise MediaFetchFailed(
+                    f"{where}: the media is larger than {_limit_text(policy)}", 500
+                )
+            charge(self.workdir, policy, len(chunk), label=self.label)
+            self.sink(chunk)
+        self.content_type = response.headers.get("content-type")
+        return None
 
 
 def _discard(path: Path) -> None:
@@ -159,7 +245,8 @@ async def _fetch_to_file(
     dest = workdir.new_file(url_suffix)
     try:
         with open(dest, "wb") as out:
-            content_type = await fetch_remote(url, policy, out.write, label=label)
+            content_type = await fetch_remote(url, policy, out.write, label=label,
+                                              workdir=workdir)
         if not dest.suffix:
             suffix = _suffix_for(content_type)
             if suffix:
@@ -172,11 +259,18 @@ async def _fetch_to_file(
     return dest
 
 
-def _write_inline(media: InlineMedia, workdir: RequestMediaDir, *, label: str) -> Path:
+def _decode_inline(media: InlineMedia, policy: MediaPolicy, workdir: RequestMediaDir, *,
+                   label: str) -> bytes:
+    charge(workdir, policy, media.payload.decoded_size, label=label)
     try:
-        data = inline.decode(media.payload)
+        return inline.decode(media.payload)
     except inline.InlineRejected as e:
         raise MediaRefused(f"{label}: {e}") from None
+
+
+def _write_inline(media: InlineMedia, policy: MediaPolicy, workdir: RequestMediaDir, *,
+                  label: str) -> Path:
+    data = _decode_inline(media, policy, workdir, label=label)
     dest = workdir.new_file(_suffix_for(media.payload.mime))
     try:
         dest.write_bytes(data)
@@ -191,13 +285,9 @@ async def _materialize_source(
 ) -> str:
     if isinstance(source, LocalMedia):
         return str(source.path)
-    if isinstance(source, PassThrough):
-        return source.ref
     if isinstance(source, InlineMedia):
-        return str(_write_inline(source, workdir, label=label))
-    if source.fetch:
-        return str(await _fetch_to_file(source.url, policy, workdir, label=label))
-    return source.url.url
+        return str(_write_inline(source, policy, workdir, label=label))
+    return str(await _fetch_to_file(source.url, policy, workdir, label=label))
 
 
 async def materialize(
@@ -205,11 +295,9 @@ async def materialize(
 ) -> str:
     """What the native engine should read for ``ref``, or raise like :meth:`MediaPolicy.check`.
 
-    Returns: for local media, the resolved path inside the allowed root; for remote media while
-    an allowlist is set, and for ``data:`` URLs (and bare base64 under a root), the path of a
-    temporary file inside ``workdir`` (removed on failure or cancellation, else with
-    ``workdir``); for ``http(s)`` URLs without an allowlist, the URL (native SGLang fetches it);
-    for bare strings without a root, ``ref`` unchanged.
+    Returns: for local media, the resolved path of the checked file inside the allowed root; for
+    remote media, ``data:`` URLs and bare base64, the path of a temporary file inside
+    ``workdir`` (removed on failure or cancellation, else with ``workdir``).
     """
     source = policy.resolve(ref, label=label)
     return await _materialize_source(source, policy, workdir, label=label)
@@ -236,23 +324,17 @@ async def load_bytes(
 ) -> bytes:
     """The bytes of the media ``ref`` names, read under ``policy`` (all reads size-limited).
 
-    Like :func:`materialize`, then reads the result; an ``http(s)`` URL without an allowlist is
-    fetched here with the same limits (no host check), and a bare string without a root is read
-    as a file if one exists, else decoded as base64.
+    Decides like :func:`materialize`; remote media are fetched into memory (same checks and
+    limits), inline data decoded, local files read (a file over the size limit is refused
+    without reading past it). Bytes fetched or decoded count against ``max_media_bytes``.
     """
     source = policy.resolve(ref, label=label)
-    if isinstance(source, RemoteMedia) and not source.fetch:
+    if isinstance(source, RemoteMedia):
         body = bytearray()
-        await fetch_remote(source.url, policy, body.extend, label=label)
+        await fetch_remote(source.url, policy, body.extend, label=label, workdir=workdir)
         return bytes(body)
-    if isinstance(source, PassThrough) and not os.path.exists(source.ref):
-        if not inline.is_base64(source.ref):
-            raise MediaRefused(f"{label}: neither an existing file nor base64 data")
-        payload = inline.InlinePayload(source.ref, None)
-        if policy.over_limit(payload.decoded_size):
-            raise MediaRefused(f"{label}: the media is larger than {_limit_text(policy)}")
-        return inline.decode(payload)
-    target = await _materialize_source(source, policy, workdir, label=label)
+    if isinstance(source, InlineMedia):
+        return _decode_inline(source, policy, workdir, label=label)
     return await anyio.to_thread.run_sync(
-        functools.partial(_read_limited, label=label), target, policy
+        functools.partial(_read_limited, label=label), str(source.path), policy
     )

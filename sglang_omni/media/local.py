@@ -14,6 +14,7 @@ checked component for a symlink between check and open is outside this module's 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -72,4 +73,24 @@ def confine(path: str, root: Path) -> Path:
     resolved = resolve_path(path)
     if resolved != root and not resolved.is_relative_to(root):
         raise PathRejected("the path resolves outside --allowed-local-media-path")
+    return resolved
+
+
+def confine_file(path: str, root: Path) -> Path:
+    """Like :func:`confine`, and the result must be an existing regular file.
+
+    Raises :class:`PathRejected` for a directory (``is a directory``), a missing path or anything
+    that is not a regular file (a device or FIFO would block or never end).
+    """
+    resolved = confine(path, root)
+    try:
+        mode = os.stat(resolved).st_mode
+    except FileNotFoundError:
+        raise PathRejected("no such file inside --allowed-local-media-path") from None
+    except OSError:
+        raise PathRejected("the file cannot be read") from None
+    if stat.S_ISDIR(mode):
+        raise PathRejected("the path is a directory; name a media file")
+    if not stat.S_ISREG(mode):
+        raise PathRejected("the path is not a regular file")
     return resolved

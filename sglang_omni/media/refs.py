@@ -2,14 +2,19 @@
 
 Labels name where a reference sits in the request (``messages[0].content[1].image_url``,
 ``images[2]``, ``image_path``) and appear in refusal messages.
+
+:func:`check_media_refs` is the one pre-check every route runs over all of a request's references
+at once: their number against ``max_media_parts``, each against the policy, and the decoded size
+of inline data, all parts together, against ``max_media_bytes`` (bytes fetched from remote hosts
+are counted by the fetch itself). Every refusal is a 400 before any model work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
-from sglang_omni.errors import BadRequest
-from sglang_omni.media.policy import MediaPolicy
+from sglang_omni.errors import BadRequest, MediaRefused
+from sglang_omni.media.policy import MEDIA_BYTES_FLAG, MEDIA_PARTS_FLAG, InlineMedia, MediaPolicy
 
 #: Chat content part keys that carry a media URL (as a string or ``{"url": ...}``).
 CHAT_MEDIA_PART_KEYS = ("image_url", "video_url", "audio_url")
@@ -72,13 +77,58 @@ def iter_generation_media_refs(options: Mapping, *, prefix: str = "") -> Iterato
             yield _url_of(value, label)
 
 
+def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy) -> None:
+    """Refuse (400) a request whose ``(label, ref)`` references break ``policy``.
+
+    In order: more references than ``max_media_parts``; any reference the policy refuses;
+    inline data whose decoded sizes add up to more than ``max_media_bytes``. No network I/O.
+    """
+    refs = list(refs)
+    limit = policy.max_media_parts
+    if limit is not None and len(refs) > limit:
+        raise MediaRefused(
+            f"{refs[limit][0]}: the request carries {len(refs)} media references, more than "
+            f"the limit of {limit} ({MEDIA_PARTS_FLAG} {limit}); send at most {limit} images, "
+            "videos and audios per request, or raise the limit"
+        )
+    inline_bytes = 0
+    for label, ref in refs:
+        source = policy.resolve(ref, label=label)
+        if isinstance(source, InlineMedia):
+            inline_bytes += source.payload.decoded_size
+            byte_limit = policy.max_media_bytes
+            if byte_limit is not None and inline_bytes > byte_limit:
+                raise MediaRefused(
+                    f"{label}: the request's inline media add up to more than {byte_limit} "
+                    f"bytes ({MEDIA_BYTES_FLAG} {byte_limit}); send fewer or smaller media, "
+                    "or raise the limit"
+                )
+
+
+def _stage_generation_refs(body: Mapping) -> Iterator[tuple[str, str]]:
+    """The string ``image_path``/``video_path`` of ``stage_params.generation`` (others are left
+    to the stage's own option checks)."""
+    stage_params = body.get("stage_params")
+    generation = stage_params.get("generation") if isinstance(stage_params, Mapping) else None
+    if not isinstance(generation, Mapping):
+        return
+    for key in GENERATION_MEDIA_KEYS:
+        value = generation.get(key)
+        items = value if isinstance(value, list) else [value]
+        for k, item in enumerate(items):
+            if isinstance(item, str):
+                suffix = f"[{k}]" if isinstance(value, list) else ""
+                yield f"stage_params.generation.{key}{suffix}", item
+
+
 def check_chat_request(body: Mapping, policy: MediaPolicy) -> None:
-    """Refuse (400) a chat request carrying any media reference ``policy`` does not allow."""
-    for label, ref in iter_chat_media_refs(body):
-        policy.check(ref, label=label)
+    """Refuse (400) a chat request carrying any media reference ``policy`` does not allow, or
+    more media than its limits (``stage_params.generation`` media paths count too)."""
+    refs = list(iter_chat_media_refs(body))
+    check_media_refs([*refs, *_stage_generation_refs(body)], policy)
 
 
 def check_generation_options(options: Mapping, policy: MediaPolicy, *, prefix: str = "") -> None:
-    """Refuse (400) generation options naming any media ``policy`` does not allow."""
-    for label, ref in iter_generation_media_refs(options, prefix=prefix):
-        policy.check(ref, label=label)
+    """Refuse (400) generation options naming any media ``policy`` does not allow, or more
+    media than its limits."""
+    check_media_refs(iter_generation_media_refs(options, prefix=prefix), policy)

@@ -14,7 +14,8 @@ check and another to the fetch. The accepted syntax is deliberately narrow:
 Host normalization matches native SGLang's ``--allowed-media-domain`` handling (lowercase, one
 trailing dot dropped, IP literals in canonical form, allowlist entries IDNA-encoded); see
 :func:`normalize_media_domain`. Forms that merely *resolve* to an allowed address (``127.1``,
-``2130706433``, ``::ffff:127.0.0.1``) are compared as written and so fail closed.
+``2130706433``, ``::ffff:127.0.0.1``) are compared as written and so fail closed. Which
+*addresses* a host may have is decided elsewhere (:mod:`.addresses`, :mod:`.resolve`).
 """
 
 from __future__ import annotations

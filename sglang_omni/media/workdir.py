@@ -34,6 +34,9 @@ class RequestMediaDir:
     def __init__(self, base: str | os.PathLike[str] | None = None, *, prefix: str = "omni-media-"):
         self._path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
         self._finalizer = weakref.finalize(self, _remove, str(self._path))
+        #: Media bytes this request fetched or decoded from inline data so far, counted against
+        #: ``MediaPolicy.max_media_bytes`` by :mod:`sglang_omni.media.fetch`.
+        self.media_bytes = 0
 
     @property
     def path(self) -> Path:

@@ -2,18 +2,21 @@
 
 Stage processes are executors; the orchestrator starts them, hands out request ids, applies the
 media policy and admission, and routes each request by the pipeline's mode. Interleaved
-requests are run by the UMM controller.
+requests are run by the UMM controller. When any stage process dies, every admitted
+interleaved request fails at once with ``StageDied``, whichever stage it is waiting on (a
+Reasoner turn, the generation queue or a generation).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.errors import ConfigError, ServiceUnavailable
+from sglang_omni.errors import ConfigError, ServiceUnavailable, StageDied, StageRestarting
 from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.scheduling import PlannedGenerations
@@ -38,12 +41,29 @@ from sglang_omni.serve.chat_request import ChatRequest
 log = logging.getLogger("sglang_omni.orchestrator")
 
 
+class _Doom:
+    """Set when a stage an admitted request depends on died; its dispatches then fail."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.error: StageDied | None = None
+
+    def fail(self, error: StageDied) -> None:
+        if self.error is None:
+            self.error = error
+            self.event.set()
+
+
 def media_policy(config: ResolvedConfig) -> MediaPolicy:
     """The media policy of ``config``; ConfigError naming the key when it is invalid."""
-    local = config.allowed_local_media_path
+    local, server = config.allowed_local_media_path, config.server
     try:
         return MediaPolicy(allowed_local_media_path=Path(local) if local else None,
-                           allowed_media_domains=tuple(config.allowed_media_domain))
+                           allowed_media_domains=tuple(config.allowed_media_domain),
+                           max_media_parts=server.max_media_parts,
+                           max_media_bytes=server.max_media_bytes,
+                           fetch_timeout_s=server.media_fetch_timeout_s,
+                           fetch_deadline_s=server.media_fetch_deadline_s)
     except ValueError as exc:
         key = "allowed_local_media_path" if local and str(local) in str(exc) \
             else "allowed_media_domain"
@@ -61,6 +81,7 @@ class Orchestrator:
         self.stages = StageSet(config, log_level)
         self.ids = RequestIds()
         self.active: set[str] = set()
+        self._doom: dict[str, _Doom] = {}
         self.controller: UMMController | None = None
         self.chat_admission: ChatAdmission | None = None
         if self.mode == "chat":
@@ -96,6 +117,7 @@ class Orchestrator:
         return self.stages.healthy
 
     def _on_stage_death(self, handle: StageHandle) -> None:
+        self._fail_dependents(handle)
         if not handle.stops_server_on_exit or self.fatal_error is not None:
             return
         reason = handle.fatal_message or f"exit code {handle.exitcode}"
@@ -105,26 +127,80 @@ class Orchestrator:
         if self.on_fatal is not None:
             self.on_fatal()
 
+    def health(self) -> dict[str, Any]:
+        """The ``/health`` body: ``status`` is ``ok``, ``stalled`` or ``restarting`` (a stage
+        is coming back by itself) or ``unhealthy``; per stage its status, pid, exit code and
+        restarts so far."""
+        stages = {n: {"status": h.status, "pid": h.pid, "exitcode": h.exitcode,
+                      "restarts": self.stages.supervisors[n].restarts}
+                  for n, h in self.stages.handles.items()}
+        statuses = {s["status"] for s in stages.values()}
+        if statuses == {"ready"}:
+            status = "ok"
+        elif statuses <= {"ready", "stalled", "restarting"}:
+            status = "stalled" if "stalled" in statuses else "restarting"
+        else:
+            status = "unhealthy"
+        return {"status": status, "stages": stages}
+
+    def _fail_dependents(self, handle: StageHandle) -> None:
+        """Interleaved requests use every stage: fail them all now (the planner releases
+        them when their runs end)."""
+        after = "it is restarting; retry shortly" if handle.restarting \
+            else "the server is unhealthy and needs a restart"
+        for rid, doom in self._doom.items():
+            doom.fail(StageDied(f"the {handle.name} stage process exited (code "
+                                f"{handle.exitcode}) while request {rid} was in flight; {after}"))
+
     def check_healthy(self) -> None:
-        if not self.healthy:
-            dead = [h.name for h in self.stages.handles.values() if not h.healthy]
-            raise ServiceUnavailable(f"stage(s) {', '.join(dead)} are not running; the server is "
-                                     "unhealthy and needs a restart")
+        """ServiceUnavailable (503) unless every stage is ready; StageRestarting while the
+        stages that are down are being restarted."""
+        if self.healthy:
+            return
+        down = [h for h in self.stages.handles.values() if not h.healthy]
+        names = ", ".join(h.name for h in down)
+        if all(h.restarting or h.stalled for h in down):
+            raise StageRestarting(f"stage(s) {names} exited or stopped answering and are "
+                                  "restarting; retry in a few seconds")
+        raise ServiceUnavailable(f"stage(s) {names} are not running; the server is "
+                                 "unhealthy and needs a restart")
 
     async def _call(self, stage: str, rid: str, payload: dict[str, Any],
                     frames: Frames) -> DispatchResult:
-        """Run a controller dispatch; generations go through the planned queue."""
+        """Run a controller dispatch; generations go through the planned queue. Fails with
+        StageDied as soon as any stage dies while the request is admitted."""
         handle = self.stages[stage]
 
         def run() -> Any:
             return handle.call(rid, payload, frames)
 
         if handle.spec.role == "generation":
-            result = await self.scheduler.generation(rid, str(payload.get("modality", "image")),
-                                                     run)
+            work = self.scheduler.generation(rid, str(payload.get("modality", "image")), run)
         else:
-            result = await self.scheduler.reasoner_turn(rid, run)
+            work = self.scheduler.reasoner_turn(rid, run)
+        result = await self._unless_doomed(rid, work)
         return DispatchResult(stage, result.payload, result.frames)
+
+    async def _unless_doomed(self, rid: str, work: Any) -> Any:
+        """Await ``work`` unless a stage dies first; then cancel it and raise StageDied."""
+        doom = self._doom.get(rid)
+        if doom is None:
+            return await work
+        if doom.error is not None:
+            work.close()
+            raise doom.error
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(doom.event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled() and doom.error is not None:
+            raise doom.error
+        return task.result()
 
     # --- routes ------------------------------------------------------------------------------
     def admit_text_chat(self) -> AdmissionTicket | None:
@@ -171,10 +247,13 @@ class Orchestrator:
             run.close()
             raise
         self.active.add(request.rid)
+        self._doom[request.rid] = _Doom()
         return run
 
     def release(self, rid: str) -> None:
         self.active.discard(rid)
+        self.ids.finish(rid)  # the rid stays taken for a while (RequestIds.window_s)
+        self._doom.pop(rid, None)
         if self.controller is not None:
             self.scheduler.release(rid)
 

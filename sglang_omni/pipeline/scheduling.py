@@ -4,6 +4,15 @@
 on its answers: it admits or refuses requests (503), tells the controller each request's
 allowance, starts one generation at a time in the planner's order (oldest request first), and
 fails a request fast (503, its generation cancelled) when the plan says it cannot finish.
+
+The stage is handed out by the scheduler alone: after every planner event, while the stage is
+free, it asks the planner for the next generation and marks it started in the same step (no
+await between the choice and ``GenerationStarted``), then wakes that request. So at most one
+generation is ever started, always the one the planner chose, whatever order the requests' tasks
+wake in. A generation that the plan no longer allows is answered with a receipt
+(:class:`~sglang_omni.pipeline.umm.DispatchReceipt`) instead of waiting for the stage, and a
+generation that does not finish (cancelled, failed fast, failed on its stage) releases its
+request's plan at once, since the request ends with it.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from sglang_omni.pipeline.planner import (
     TurnEnded,
     TurnStarted,
 )
+from sglang_omni.pipeline.umm import DispatchReceipt
 
 log = logging.getLogger("sglang_omni.scheduling")
 T = TypeVar("T")
@@ -40,7 +50,7 @@ class _Request:
         self.after_turn = False  # the last dispatch was a Reasoner turn
         self.failure: ServiceUnavailable | None = None
         self.failed = asyncio.Event()
-        self.go = asyncio.Event()  # its queued generation may start
+        self.go = asyncio.Event()  # its queued generation was started for it: run it
 
 
 class PlannedGenerations:
@@ -83,37 +93,64 @@ class PlannedGenerations:
     async def reasoner_turn(self, rid: str, run: Callable[[], Awaitable[T]]) -> T:
         """Run a Reasoner turn, measuring it for the plan."""
         state = self.requests.get(rid)
-        if state is not None and state.after_turn:
+        if state is None:
+            return await run()
+        self._raise_if_failed(state)
+        if state.after_turn:
             self._apply(TurnStarted(rid))
         start = time.monotonic()
-        result = await self._unless_failed(rid, run())
-        if state is not None and rid in self.requests:
+        result = await self._unless_failed(state, run)
+        if rid in self.requests:
             self._apply(TurnEnded(rid, time.monotonic() - start))
             state.after_turn = True
         return result
 
     async def generation(self, rid: str, modality: str, run: Callable[[], Awaitable[T]]) -> T:
-        """Queue a generation, start it when the plan says so, measure it."""
+        """Queue a generation, run it once the scheduler started it for this request, measure it.
+
+        Raises DispatchReceipt when the plan no longer allows the generation (it is not run; the
+        request's next Reasoner turn is offered only a final answer), ServiceUnavailable when the
+        plan fails the request. However else it ends without a result, the request's plan is
+        released at once: the request ends with its generation.
+        """
         state = self.requests.get(rid)
         if state is None:
             return await run()
+        self._raise_if_failed(state)
         state.after_turn = False
-        self._apply(GenerationQueued(rid, modality))
-        await self._unless_failed(rid, state.go.wait())
         state.go.clear()
-        self._apply(GenerationStarted(rid))
-        start = time.monotonic()
-        result = await self._unless_failed(rid, run())
+        update = self.planner.handle(GenerationQueued(rid, modality))
+        self._act(update)
+        receipt = next((r for r in update.receipts if r.request_id == rid), None)
+        if receipt is not None:
+            log.info("request %s: the plan no longer allows its %s generation; answered with "
+                     "a receipt", rid, receipt.modality)
+            raise DispatchReceipt(receipt.message)
+        try:
+            await self._unless_failed(state, state.go.wait)
+            state.go.clear()
+            self._raise_if_failed(state)
+            start = time.monotonic()
+            result = await self._unless_failed(state, run)
+        except BaseException:
+            self.release(rid)
+            raise
         if rid in self.requests:
             self._apply(GenerationFinished(rid, modality, time.monotonic() - start))
         return result
 
-    async def _unless_failed(self, rid: str, work: Awaitable[T]) -> T:
-        """Await ``work`` unless the plan fails the request first (then cancel it, raise 503)."""
-        state = self.requests.get(rid)
-        task = asyncio.ensure_future(work)
-        if state is None:
-            return await task
+    @staticmethod
+    def _raise_if_failed(state: _Request) -> None:
+        if state.failure is not None:
+            raise state.failure
+
+    async def _unless_failed(self, state: _Request, work: Callable[[], Awaitable[T]]) -> T:
+        """Await ``work()`` unless the plan fails the request first (then cancel it, raise 503).
+
+        A result that arrived is returned even if the request failed meanwhile; its next dispatch
+        raises the failure.
+        """
+        task = asyncio.ensure_future(work())
         failed = asyncio.ensure_future(state.failed.wait())
         try:
             await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
@@ -122,9 +159,8 @@ class PlannedGenerations:
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if state.failure is not None and not (task.done() and not task.cancelled()
-                                              and task.exception() is None):
-            raise state.failure
+        if task.cancelled() or task.exception() is not None:
+            self._raise_if_failed(state)
         return task.result()
 
     # --- planner events ----------------------------------------------------------------------
@@ -132,6 +168,27 @@ class PlannedGenerations:
         self._act(self.planner.handle(event))
 
     def _act(self, update: PlanUpdate) -> None:
+        """Act on ``update``, then hand a free stage to the planner's next generation.
+
+        Choosing the next generation and marking it started happen together, with no await in
+        between, so no other event can see a free stage that has in fact been handed out.
+        """
+        updates = [update]
+        while updates:
+            self._report(updates.pop())
+            nxt = self.planner.next_generation()
+            if nxt is None:
+                continue
+            state = self.requests.get(nxt)
+            if state is None:  # not the scheduler's (cannot happen): drop it from the plan
+                log.error("request %s: queued in the plan but not scheduled; dropped", nxt)
+                updates.append(self.planner.handle(Released(nxt)))
+                continue
+            updates.append(self.planner.handle(GenerationStarted(nxt)))
+            state.go.set()
+        self._ensure_ticker()
+
+    def _report(self, update: PlanUpdate) -> None:
         for change in update.lowered:
             log.info("request %s: plan lowered from %d to %d generation(s)",
                      change.request_id, change.before, change.after)
@@ -142,10 +199,6 @@ class PlannedGenerations:
             log.warning("request %s fails fast: %s", fail.request_id, fail.message)
             state.failure = ServiceUnavailable(fail.message)
             state.failed.set()
-        nxt = self.planner.next_generation()
-        if nxt is not None and nxt in self.requests:
-            self.requests[nxt].go.set()
-        self._ensure_ticker()
 
     def _ensure_ticker(self) -> None:
         """While requests are planned, tick so overruns and expiries are noticed in time."""

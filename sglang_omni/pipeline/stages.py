@@ -1,4 +1,5 @@
-"""The set of stage processes a pipeline runs, started and stopped together."""
+"""The set of stage processes a pipeline runs, started and stopped together, each watched by
+its ``StageSupervisor`` (restart on exit, heartbeat)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.engines.base import EngineSpec
 from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.supervisor import RestartPolicy, StageSupervisor
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -19,7 +21,11 @@ def engine_spec(config: ResolvedConfig, name: str) -> EngineSpec:
         gpu=stage.gpu, gpu_memory_fraction=stage.gpu_memory_fraction,
         factory=dict(stage.factory), engine=dict(stage.engine),
         media_policy={"allowed_local_media_path": config.allowed_local_media_path,
-                      "allowed_media_domain": list(config.allowed_media_domain)},
+                      "allowed_media_domain": list(config.allowed_media_domain),
+                      "max_media_parts": config.server.max_media_parts,
+                      "max_media_bytes": config.server.max_media_bytes,
+                      "fetch_timeout_s": config.server.media_fetch_timeout_s,
+                      "fetch_deadline_s": config.server.media_fetch_deadline_s},
     )
 
 
@@ -30,6 +36,10 @@ class StageSet:
         self.handles: dict[str, StageHandle] = {
             s.name: StageHandle(engine_spec(config, s.name),
                                 float(s.factory.get("startup_timeout_s", 900)), log_level)
+            for s in config.process_stages()
+        }
+        self.supervisors: dict[str, StageSupervisor] = {
+            s.name: StageSupervisor(self.handles[s.name], RestartPolicy.from_factory(s.factory))
             for s in config.process_stages()
         }
 
@@ -51,7 +61,10 @@ class StageSet:
         if errors:
             await self.stop()
             raise errors[0]
+        for supervisor in self.supervisors.values():
+            supervisor.start()
         log.info("all stages ready: %s", ", ".join(self.handles))
 
     async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.supervisors.values()))
         await asyncio.gather(*(h.stop() for h in self.handles.values()))

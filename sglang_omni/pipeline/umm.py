@@ -45,6 +45,8 @@ class UMMRequest:
     stage_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     media_policy: Any = None
+    #: ``history_bytes(messages)`` when the caller measured it already (off the event loop).
+    history_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,23 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class DispatchResult:
+    """What the stage answered. ``receipt`` is set instead when the dispatch was not run (the
+    deadline plan no longer allows the generation): payload and frames are empty, and the adapter
+    should tell the Reasoner ``receipt`` and ask for the final answer."""
+
     stage: str
     payload: dict[str, Any]
     frames: Frames
+    receipt: str | None = None
+
+
+class DispatchReceipt(Exception):  # noqa: N818 - a receipt, not an error
+    """Raised by a ``StageCall`` to answer a dispatch without running it: the controller hands
+    the adapter ``DispatchResult(stage, {}, [], receipt=message)``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -226,7 +242,8 @@ class Complete:
 
 
 StageCall = Callable[[str, str, dict[str, Any], Frames], Awaitable[DispatchResult]]
-"""``call(stage, rid, payload, frames)``: run a dispatch; cancelling it aborts the job."""
+"""``call(stage, rid, payload, frames)``: run a dispatch; cancelling it aborts the job. It may
+raise ``DispatchReceipt`` to answer a generation the deadline plan no longer allows."""
 
 
 class UMMController:
@@ -251,7 +268,9 @@ class UMMController:
     def open(self, request: UMMRequest) -> UMMRun:
         """Check the request through the adapter's ``start`` (BadRequest before any model work)
         and return the run, whose ``events()`` drive it."""
-        history = history_bytes(request.messages)
+        history = request.history_size
+        if history is None:
+            history = history_bytes(request.messages)
         room = self.limits.max_retained_bytes - self.largest_output_bytes
         if history > room:
             raise BadRequest(
@@ -270,6 +289,10 @@ class UMMController:
             adapter.close()
             raise
         return UMMRun(self, request, adapter, state, step, self.clock() + self.limits.timeout_s)
+
+
+def _sha256(data: bytes | bytearray) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def history_bytes(messages: list[dict[str, Any]]) -> int:
@@ -303,7 +326,9 @@ class UMMRun:
         try:
             while True:
                 for output in step.outputs:
-                    yield state.accept(output)
+                    digest = None if output.data is None else \
+                        await asyncio.to_thread(_sha256, output.data)  # off the event loop
+                    yield state.accept(output, digest)
                 if step.dispatch is None:
                     yield Complete(step.finish_reason or "stop", tuple(state.segments),
                                    adapter.usage())
@@ -318,6 +343,12 @@ class UMMRun:
                                                 dispatch.payload, dispatch.frames)
                 except TimeoutError:
                     raise _timeout(ctl.limits.timeout_s) from None
+                except DispatchReceipt as receipt:
+                    # Not run, whatever the adapter assumed its allowance was: it gets the
+                    # receipt (the generation is not counted; the dispatch is, so an adapter
+                    # that keeps asking still ends within max_dispatches).
+                    state.uncount_generation(dispatch)
+                    result = DispatchResult(dispatch.stage, {}, [], receipt=receipt.message)
                 state.hold(len(json.dumps(result.payload, ensure_ascii=False).encode()))
                 step = adapter.advance(result, state.budget())
         finally:
@@ -361,6 +392,11 @@ class _RunState:
             self.generations += 1
         return dispatch
 
+    def uncount_generation(self, dispatch: Dispatch) -> None:
+        """A generation dispatch answered by a receipt ran nothing."""
+        if dispatch.modality is not None:
+            self.generations -= 1
+
     def hold(self, size: int) -> None:
         """Count ``size`` more bytes held for the request; ServerError past the limit."""
         self.retained += size
@@ -368,7 +404,7 @@ class _RunState:
             raise ServerError(f"the request holds more than stages.orchestrator.factory."
                               f"max_retained_bytes ({self.limits.max_retained_bytes}) bytes")
 
-    def accept(self, output: Output) -> Segment:
+    def accept(self, output: Output, sha256: str | None = None) -> Segment:
         if len(self.segments) >= self.limits.max_outputs:
             raise ServerError(f"the request produced more than stages.orchestrator.factory."
                               f"max_outputs ({self.limits.max_outputs}) outputs")
@@ -379,6 +415,6 @@ class _RunState:
             assert output.data is not None
             segment = Segment(self.rid, len(self.segments), output.kind, media=output.data,
                               mime_type=output.mime_type,
-                              sha256=hashlib.sha256(output.data).hexdigest())
+                              sha256=sha256 or _sha256(output.data))
         self.segments.append(segment)
         return segment

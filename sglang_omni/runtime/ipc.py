@@ -29,6 +29,66 @@ def channel_pair() -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
+class WireEncodeError(ValueError):
+    """A message header holds a value msgpack cannot carry; ``path`` names it (``a.b[2]``)."""
+
+    def __init__(self, detail: str, path: str | None) -> None:
+        where = f" at {path}" if path else ""
+        super().__init__(f"{detail}{where}")
+        self.detail = detail
+        self.path = path
+
+
+def pack_header(header: dict[str, Any], nframes: int = 0) -> bytes:
+    """The wire form of ``header``; WireEncodeError naming the first value it cannot carry
+    (an integer outside 64 bits, a string that is not valid Unicode, a type msgpack lacks,
+    nesting deeper than msgpack allows)."""
+    try:
+        return msgpack.packb({**header, "nframes": nframes})
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+        path = find_unencodable(header)
+        raise WireEncodeError(_describe(exc), path) from None
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, OverflowError):
+        return "an integer outside the 64-bit range"
+    if isinstance(exc, UnicodeEncodeError):
+        return "a string that is not valid Unicode (a lone surrogate)"
+    if isinstance(exc, TypeError):
+        return f"a value of a type the stage wire cannot carry ({exc})"
+    return f"a value the stage wire cannot carry ({exc})"
+
+
+def find_unencodable(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """The path of the first value inside ``value`` that msgpack cannot pack, or None."""
+    if depth > 400:
+        return path or "(root)"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not _packs(key):
+                return f"{path}.{key!r}" if path else repr(key)
+            found = find_unencodable(item, f"{path}.{key}" if path else str(key), depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = find_unencodable(item, f"{path}[{i}]", depth + 1)
+            if found is not None:
+                return found
+        return None
+    return None if _packs(value) else (path or "(root)")
+
+
+def _packs(value: Any) -> bool:
+    try:
+        msgpack.packb(value)
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError):
+        return False
+    return True
+
+
 class Channel:
     """One end of a duplex stage connection. ``send`` is thread-safe; ``recv`` blocks and is
     meant for one reader thread. Both raise EOFError once the peer is gone."""
@@ -38,8 +98,13 @@ class Channel:
         self._send_lock = threading.Lock()
 
     def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
+        """Pack and send; WireEncodeError (nothing sent) when the header cannot be packed."""
         frames = frames or []
-        packed = msgpack.packb({**header, "nframes": len(frames)})
+        self.send_packed(pack_header(header, len(frames)), frames)
+
+    def send_packed(self, packed: bytes, frames: Frames | None = None) -> None:
+        """Send a header packed by ``pack_header(header, len(frames))`` and its frames."""
+        frames = frames or []
         with self._send_lock:
             try:
                 self._sock.sendall(_LEN.pack(len(packed)) + packed)

@@ -4,6 +4,13 @@ Every call carries the request id and a fresh dispatch token; a message from the
 (rid, token) is not the pending call's is dropped, so a late, duplicated or forged result never
 advances a request. When the stage process dies, every pending call fails within about a second
 with ``StageDied`` and the handle reports unhealthy.
+
+A handle runs one process at a time: ``respawn()`` starts a fresh one after a death (the
+``runtime.supervisor`` decides when), so ``orchestrator.stages[name]`` stays the same object.
+Each process has its own channel and threads, tagged with a generation number; messages and the
+exit of an older process are ignored. Headers are packed in the caller's context, so a value
+the wire cannot carry fails ``call`` at once (BadRequest naming it), and a send that fails later
+fails its request at once; nothing sent is fire-and-forget.
 """
 
 from __future__ import annotations
@@ -16,14 +23,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_omni.config.gpus import device_env
 from sglang_omni.engines.base import EngineSpec
-from sglang_omni.errors import OmniError, ServerError, StageDied
-from sglang_omni.runtime.ipc import Channel, Frames, channel_pair
+from sglang_omni.errors import BadRequest, OmniError, ServerError, StageDied
+from sglang_omni.runtime.ipc import Channel, Frames, WireEncodeError, channel_pair, pack_header
 from sglang_omni.runtime.proc import kill_group
 from sglang_omni.runtime.stage_process import stage_main
 from sglang_omni.runtime.stage_result import StageResult
@@ -35,6 +42,10 @@ ChunkCallback = Callable[[dict[str, Any]], None]
 
 class StageStartupError(Exception):
     """A stage did not become ready; the message says why and what to change."""
+
+
+class _ReadyTimeout(StageStartupError):
+    """The ready handshake did not come within ``startup_timeout_s``."""
 
 
 class StageCallError(OmniError):
@@ -88,6 +99,17 @@ class StageHandle:
         self._ready_future: asyncio.Future | None = None
         self._closing = False
         self.death_listeners: list[Callable[[StageHandle], None]] = []
+        #: Asked once when the process exits: True when the stage will be restarted (the
+        #: supervisor sets it); decides what in-flight requests are told.
+        self.restart_decision: Callable[[StageHandle], bool] = lambda _: False
+        #: The supervisor is bringing the stage back (backoff or startup of the new process).
+        self.restarting = False
+        #: The stage stopped answering its heartbeat; set until the process is gone.
+        self.stalled = False
+        #: monotonic time of the last message from the current process (heartbeat answers too).
+        self.last_seen = time.monotonic()
+        self._generation = 0
+        self._pings = itertools.count(1)
 
     @property
     def pid(self) -> int | None:
@@ -95,11 +117,54 @@ class StageHandle:
 
     @property
     def healthy(self) -> bool:
-        return self.ready and not self.dead
+        return self.ready and not self.dead and not self.stalled
+
+    @property
+    def status(self) -> str:
+        """``ready``, ``starting``, ``stalled``, ``restarting`` or ``exited`` (for good)."""
+        if self.stalled:
+            return "stalled"
+        if self.restarting:
+            return "restarting"
+        if self.dead:
+            return "exited"
+        return "ready" if self.ready else "starting"
 
     async def start(self) -> None:
         """Spawn the process and wait for its ready message; StageStartupError on failure."""
         self._loop = asyncio.get_running_loop()
+        self._spawn()
+        try:
+            await self._await_ready()
+        except _ReadyTimeout as exc:
+            await self.stop()
+            raise StageStartupError(str(exc)) from None
+
+    async def respawn(self) -> None:
+        """Start a fresh process after the last one exited; StageStartupError on failure."""
+        if self._process is not None and self._process.is_alive():
+            raise RuntimeError(f"the {self.name} stage process is still running")
+        if self._channel is not None:
+            self._channel.close()
+        self._spawn()
+        proc = self._process
+        try:
+            await self._await_ready()
+        except (StageStartupError, asyncio.CancelledError):
+            if proc is not None and proc.pid:  # make sure the failed attempt is gone
+                kill_group(proc.pid)
+                await _join(proc, 5.0)
+            raise
+
+    def _spawn(self) -> None:
+        assert self._loop is not None
+        self._generation += 1
+        gen = self._generation
+        self.ready = False
+        self.dead = False
+        self.stalled = False
+        self.exitcode = None
+        self.fatal_message = None
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
@@ -111,14 +176,18 @@ class StageHandle:
         self._process.start()
         theirs.close()
         self._channel = Channel(ours)
-        threading.Thread(target=self._read_loop, daemon=True,
+        self.last_seen = time.monotonic()
+        threading.Thread(target=self._read_loop, args=(gen, self._channel), daemon=True,
                          name=f"{self.name}-recv").start()
-        threading.Thread(target=self._watch, daemon=True, name=f"{self.name}-watch").start()
+        threading.Thread(target=self._watch, args=(gen, self._process), daemon=True,
+                         name=f"{self.name}-watch").start()
+
+    async def _await_ready(self) -> None:
+        assert self._ready_future is not None
         try:
             await asyncio.wait_for(asyncio.shield(self._ready_future), self.startup_timeout_s)
         except TimeoutError:
-            await self.stop()
-            raise StageStartupError(
+            raise _ReadyTimeout(
                 f"the {self.name} stage did not become ready within {self.startup_timeout_s:g} s; "
                 f"raise stages.{self.name}.factory.startup_timeout_s or check its log above"
             ) from None
@@ -132,15 +201,25 @@ class StageHandle:
         Chunks go to ``on_chunk`` in order. Cancelling the awaiting task aborts the job on the
         stage. Raises StageDied, StageCallError or ServerError.
         """
-        if self.dead or not self.ready:
-            raise StageDied(f"the {self.name} stage is not running; the server is unhealthy")
+        if not self.healthy:
+            raise StageDied(f"the {self.name} stage is not running ({self.status}); "
+                            + ("retry shortly" if self.restarting else "the server is unhealthy"))
         if rid in self._pending:
             raise ServerError(f"request {rid} already has a call in flight on {self.name}")
         token = next(self._tokens)
+        header = {"op": "submit", "rid": rid, "token": token, "payload": payload}
+        try:
+            packed = pack_header(header, len(frames or []))
+        except WireEncodeError as exc:
+            where = exc.path.removeprefix("payload.") if exc.path else "the request"
+            raise BadRequest(
+                f"{where}: holds {exc.detail}, which cannot be carried to the {self.name} stage; "
+                "send integers within 64 bits and strings of valid Unicode") from None
         pending = _Pending(token, asyncio.get_running_loop().create_future(), on_chunk)
         self._pending[rid] = pending
         self.counters.submitted += 1
-        self._post({"op": "submit", "rid": rid, "token": token, "payload": payload}, frames)
+        sent = self._sender.submit(self._send_packed, packed, frames)
+        sent.add_done_callback(lambda f: self._submit_sent(f, rid, pending))
         try:
             return await asyncio.shield(pending.future)
         except asyncio.CancelledError:
@@ -158,35 +237,81 @@ class StageHandle:
         if pending is not None and not pending.future.done():
             pending.future.cancel()
         if not self.dead:
-            self._post({"op": "abort", "rid": rid}, None)
+            self._post({"op": "abort", "rid": rid})
 
-    def _post(self, header: dict[str, Any], frames: Frames | None) -> None:
-        self._sender.submit(self._send_now, header, frames)
+    def ping(self) -> None:
+        """Send a heartbeat; the stage's reader thread answers it (``last_seen`` moves on)."""
+        if self.ready and not self.dead:
+            self._post({"op": "ping", "seq": next(self._pings)})
 
-    def _send_now(self, header: dict[str, Any], frames: Frames | None) -> None:
+    def _post(self, header: dict[str, Any]) -> None:
+        """Queue a control message (abort, ping, shutdown); a failure is logged (the stage is
+        gone or going, and its death is handled by the watcher)."""
+        packed = pack_header(header)
+        sent = self._sender.submit(self._send_packed, packed, None)
+        sent.add_done_callback(lambda f: self._control_sent(f, str(header.get("op"))))
+
+    def _send_packed(self, packed: bytes, frames: Frames | None) -> None:
+        channel = self._channel
+        if channel is None:  # no process (yet): nothing to send to
+            log.debug("%s: no stage process; message not sent", self.name)
+            return
+        channel.send_packed(packed, frames)
+
+    def _control_sent(self, sent: Future, op: str) -> None:
+        exc = sent.exception() if not sent.cancelled() else None
+        if exc is not None:
+            log.debug("%s: could not send %s (stage gone): %r", self.name, op, exc)
+
+    def _submit_sent(self, sent: Future, rid: str, pending: _Pending) -> None:
+        """Runs on the sender thread: a failed send fails the request at once."""
+        exc = sent.exception() if not sent.cancelled() else RuntimeError("send cancelled")
+        if exc is None:
+            return
+        log.error("%s: could not send request %s to the stage: %r", self.name, rid, exc)
+        error = StageDied(f"the {self.name} stage could not be reached for request {rid} "
+                          f"({exc!r}); retry shortly") \
+            if isinstance(exc, (OSError, EOFError)) else \
+            ServerError(f"request {rid} could not be sent to the {self.name} stage: {exc!r}")
+        assert self._loop is not None
         try:
-            assert self._channel is not None
-            self._channel.send(header, frames)
-        except (OSError, EOFError, ValueError, AssertionError):
-            log.debug("%s: could not send %s (stage gone)", self.name, header.get("op"))
+            self._loop.call_soon_threadsafe(self._fail_pending, rid, pending, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            return
+
+    def _fail_pending(self, rid: str, pending: _Pending, error: OmniError) -> None:
+        if not pending.future.done():
+            self.counters.failed += 1
+            pending.future.set_exception(error)
+        if self._pending.get(rid) is pending:
+            del self._pending[rid]
 
     # --- receiving --------------------------------------------------------------------------
-    def _read_loop(self) -> None:
-        assert self._channel is not None and self._loop is not None
+    def _read_loop(self, gen: int, channel: Channel) -> None:
+        assert self._loop is not None
         while True:
             try:
-                header, frames = self._channel.recv()
+                header, frames = channel.recv()
             except (EOFError, OSError):
                 return
             except Exception:  # noqa: BLE001 - a garbled message is dropped, not fatal
                 log.exception("%s: undecodable message from stage", self.name)
                 continue
+            if gen != self._generation:
+                return
+            self.last_seen = time.monotonic()
+            if header.get("op") == "pong":
+                continue
             try:
-                self._loop.call_soon_threadsafe(self._on_message, header, frames)
+                self._loop.call_soon_threadsafe(self._on_message, header, frames, gen)
             except RuntimeError:
                 return
 
-    def _on_message(self, header: dict[str, Any], frames: Frames) -> None:
+    def _on_message(self, header: dict[str, Any], frames: Frames, gen: int | None = None
+                    ) -> None:
+        """Handle a stage message (on the loop); one of an older process (``gen``) is ignored."""
+        if gen is not None and gen != self._generation:
+            return
         op = header.get("op")
         if op == "ready":
             self.stops_server_on_exit = bool(header.get("stops_server_on_exit"))
@@ -226,18 +351,42 @@ class StageHandle:
         else:
             self.counters.dropped += 1
 
-    def _watch(self) -> None:
-        assert self._process is not None and self._loop is not None
-        self._process.join()
+    def _watch(self, gen: int, process: mp.process.BaseProcess) -> None:
+        assert self._loop is not None
+        process.join()
         try:
-            self._loop.call_soon_threadsafe(self._on_exit)
+            self._loop.call_soon_threadsafe(self._on_exit, gen)
         except RuntimeError:
             return
 
-    def _on_exit(self) -> None:
+    def stall(self, silent_s: float) -> None:
+        """The stage stopped answering its heartbeat: fail its in-flight requests now, then
+        kill its process group (the watcher then reports the exit)."""
+        if self.dead or self.stalled or self._process is None:
+            return
+        self.stalled = True
+        log.error("the %s stage has not answered its heartbeat for %.1f s; failing %d in-flight "
+                  "request(s) and killing it", self.name, silent_s, len(self._pending))
+        self._fail_all(lambda rid: (
+            f"the {self.name} stage stopped answering (no heartbeat for {silent_s:.1f} s) while "
+            f"request {rid} was running; it is killed and restarted if its restart budget "
+            "allows"))
+        if self._process.pid:
+            kill_group(self._process.pid)
+
+    def _fail_all(self, message: Callable[[str], str]) -> None:
+        for rid, pending in list(self._pending.items()):
+            if not pending.future.done():
+                pending.future.set_exception(StageDied(message(rid)))
+        self._pending.clear()
+
+    def _on_exit(self, gen: int) -> None:
+        if gen != self._generation:
+            return
         assert self._process is not None
         self.exitcode = self._process.exitcode
         self.dead = True
+        self.ready = False
         if self._process.pid:
             kill_group(self._process.pid)  # its children go with it
         if self._ready_future and not self._ready_future.done():
@@ -245,19 +394,24 @@ class StageHandle:
                 f"the {self.name} stage exited with code {self.exitcode} before it was ready; "
                 "see its log above"))
         if self._closing:
+            self.stalled = False
             return
-        log.error("the %s stage process exited with code %s; failing %d in-flight request(s)",
-                  self.name, self.exitcode, len(self._pending))
+        self.restarting = self.restart_decision(self)
+        self.stalled = False
+        log.error("the %s stage process exited with code %s; failing %d in-flight request(s)%s",
+                  self.name, self.exitcode, len(self._pending),
+                  "; restarting it" if self.restarting else "")
         why = f"code {self.exitcode}" if self.fatal_message is None \
             else f"code {self.exitcode}: {self.fatal_message}"
-        for rid, pending in list(self._pending.items()):
-            if not pending.future.done():
-                pending.future.set_exception(StageDied(
-                    f"the {self.name} stage process exited ({why}) while request "
-                    f"{rid} was running; the server is unhealthy and needs a restart"))
-        self._pending.clear()
+        after = "it is restarting; retry shortly" if self.restarting \
+            else "the server is unhealthy and needs a restart"
+        self._fail_all(lambda rid: f"the {self.name} stage process exited ({why}) while "
+                       f"request {rid} was running; {after}")
         for listener in self.death_listeners:
-            listener(self)
+            try:
+                listener(self)
+            except Exception:  # noqa: BLE001 - one listener's bug must not stop the others
+                log.exception("%s: a stage death listener failed", self.name)
 
     # --- shutdown ---------------------------------------------------------------------------
     async def stop(self, grace_s: float = 5.0) -> None:
@@ -267,7 +421,7 @@ class StageHandle:
         if proc is None:
             return
         if proc.is_alive():
-            self._post({"op": "shutdown"}, None)
+            self._post({"op": "shutdown"})
             await _join(proc, grace_s)
         if proc.is_alive() and proc.pid:
             kill_group(proc.pid, signal.SIGTERM)

@@ -1,11 +1,13 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
 Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
-``abort {rid}``, ``shutdown``. Stage -> server: ``ready {pid, stops_server_on_exit}``,
+``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq}`` by the reader thread, so
+a frozen stage is noticed). Stage -> server: ``ready {pid, stops_server_on_exit}``,
 ``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
 ``error {rid, token, status, type, message}``, ``aborted {rid, token}``, and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
-then exits with code 3).
+then exits with code 3). A message is packed by the code that sends it, so a result or chunk
+the wire cannot carry fails that request (``error``) instead of vanishing.
 
 The stage leads its own process group, so the server can take down the stage and every child it
 started with one signal, and it dies with the server (PR_SET_PDEATHSIG).
@@ -22,12 +24,12 @@ import sys
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, build_engine
 from sglang_omni.errors import OmniError
-from sglang_omni.runtime.ipc import Channel, Frames
+from sglang_omni.runtime.ipc import Channel, Frames, WireEncodeError, pack_header
 from sglang_omni.runtime.proc import die_with_parent, start_idle_child
 
 log = logging.getLogger("sglang_omni.stage")
@@ -51,6 +53,12 @@ def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level
     sys.exit(code)
 
 
+def _log_send_failure(sent: Future) -> None:
+    exc = sent.exception() if not sent.cancelled() else None
+    if exc is not None:
+        log.error("sending a message to the server failed: %r", exc)
+
+
 class _StageServer:
     def __init__(self, spec: EngineSpec, channel: Channel) -> None:
         self.spec = spec
@@ -60,14 +68,28 @@ class _StageServer:
         self.children: list[Any] = []
 
     def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
-        """Queue a message to the server; ordered, safe from any thread."""
-        self.sender.submit(self._send_now, header, frames)
+        """Queue a message to the server; ordered, safe from any thread. Packs here, so
+        WireEncodeError reaches the caller when the header cannot be carried."""
+        packed = pack_header(header, len(frames or []))
+        sent = self.sender.submit(self._send_packed, packed, frames, str(header.get("op")))
+        sent.add_done_callback(_log_send_failure)
+
+    def _send_packed(self, packed: bytes, frames: Frames | None, op: str) -> None:
+        try:
+            self.channel.send_packed(packed, frames)
+        except (OSError, EOFError):
+            log.warning("server connection lost; dropping %s", op)
 
     def _send_now(self, header: dict[str, Any], frames: Frames | None) -> None:
         try:
             self.channel.send(header, frames)
         except (OSError, EOFError, ValueError):
             log.warning("server connection lost; dropping %s", header.get("op"))
+
+    def send_error(self, base: dict[str, Any], status: int, type_: str, message: str) -> None:
+        """Fail a request; a message that is not valid Unicode is escaped, never dropped."""
+        safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        self.send({"op": "error", **base, "status": status, "type": type_, "message": safe})
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
@@ -136,6 +158,12 @@ class _StageServer:
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(self.stopping.set)
                 return
+            except Exception:  # noqa: BLE001 - a garbled message is dropped, not fatal
+                log.exception("undecodable message from the server")
+                continue
+            if header.get("op") == "ping":  # answered here: the event loop may be busy
+                self._send_now({"op": "pong", "seq": header.get("seq")}, None)
+                continue
             loop.call_soon_threadsafe(self._handle, header, frames)
 
     def _handle(self, header: dict[str, Any], frames: Frames) -> None:
@@ -143,9 +171,8 @@ class _StageServer:
         if op == "submit":
             rid, token = header["rid"], header["token"]
             if rid in self.jobs:
-                self.send({"op": "error", "rid": rid, "token": token, "status": 400,
-                           "type": "invalid_request_error",
-                           "message": f"request {rid} is already running on this stage"})
+                self.send_error({"rid": rid, "token": token}, 400, "invalid_request_error",
+                                f"request {rid} is already running on this stage")
                 return
             job = Job(rid, header["payload"], frames,
                       emit=lambda data, r=rid, t=token: self.send(
@@ -175,14 +202,20 @@ class _StageServer:
         exc = task.exception()
         if exc is None:
             result = task.result()
-            self.send({"op": "result", **base, "payload": result.payload,
-                       "engine_s": time.perf_counter() - started}, result.frames)
+            try:
+                self.send({"op": "result", **base, "payload": result.payload,
+                           "engine_s": time.perf_counter() - started}, result.frames)
+            except WireEncodeError as bad:
+                log.error("request %s: its result cannot be sent: %s", job.rid, bad)
+                self.send_error(base, 500, "server_error",
+                                f"the {self.spec.stage} stage produced a result the stage wire "
+                                f"cannot carry ({bad}); report this engine bug")
         elif isinstance(exc, OmniError):
             log.warning("request %s failed: %s", job.rid, exc.message)
-            self.send({"op": "error", **base, "status": exc.status, "type": exc.type,
-                       "message": exc.message})
+            self.send_error(base, exc.status, exc.type, exc.message)
         else:  # an engine bug fails the request, not the stage
             log.error("request %s failed: %s\n%s", job.rid, exc,
                       "".join(traceback.format_exception(exc)))
-            self.send({"op": "error", **base, "status": 500, "type": "server_error",
-                       "message": f"{self.spec.stage} stage error: {exc}"})
+            self.send_error(base, 500, "server_error",  # the detail is logged, never sent
+                            f"the {self.spec.stage} stage failed this request unexpectedly; "
+                            "its log has the details")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -15,33 +15,38 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.errors import BadRequest, OmniError
+from sglang_omni.config.server import ServerSettings
+from sglang_omni.errors import BadRequest, OmniError, ServiceUnavailable
 from sglang_omni.media import check_chat_request
+from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
 from sglang_omni.pipeline.chat_admission import AdmissionTicket
 from sglang_omni.pipeline.orchestrator import Orchestrator
-from sglang_omni.pipeline.umm import UMMRequest, UMMRun
+from sglang_omni.pipeline.umm import UMMRequest, UMMRun, history_bytes
+from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.runtime.stage_result import StageResult
+from sglang_omni.serve.auth import ApiKeyAuth
 from sglang_omni.serve.chat_request import ChatRequest, parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.generate_request import parse_generate_request
 from sglang_omni.serve.generation_routes import generation_routes
+from sglang_omni.serve.http_errors import install_error_handlers
 from sglang_omni.serve.metrics import build_registry
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
-from sglang_omni.serve.sse import SSE_DONE, sse_data
+from sglang_omni.serve.request_body import read_json_body
+from sglang_omni.serve.responses import json_response, json_response_off_loop
+from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_response, stream_error
 from sglang_omni.serve.umm_wire import chat_json, chat_sse, collect, generate_json, generate_sse
 
 log = logging.getLogger("sglang_omni.serve")
 
 
-def error_response(exc: OmniError) -> JSONResponse:
-    return JSONResponse(exc.to_body(), status_code=exc.status)
-
-
-async def read_json(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+def error_response(exc: OmniError,
+                   retry_after_s: int = ServerSettings.retry_after_s) -> Response:
+    """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``; the
+    body is ASCII JSON, so no message text can fail to encode."""
+    headers = {"Retry-After": str(retry_after_s)} \
+        if isinstance(exc, ServiceUnavailable) or exc.status == 503 else None
+    return json_response(exc.to_body(), exc.status, headers)
 
 
 def create_app(config: ResolvedConfig, model_name: str | None = None,
@@ -60,20 +65,22 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
 
     app = FastAPI(title="SGLang Omni", lifespan=lifespan)
     app.state.orchestrator = orchestrator
+    app.state.server_settings = config.server
+    if config.server.api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=config.server.api_key)
+    install_error_handlers(app, error_response)  # outermost: JSON 500s, 401s included
     registry = build_registry(orchestrator)
 
     @app.exception_handler(OmniError)
-    async def _omni_error(_: Request, exc: OmniError) -> JSONResponse:
-        return error_response(exc)
+    async def _omni_error(_: Request, exc: OmniError) -> Response:
+        return error_response(exc, config.server.retry_after_s)
 
     @app.get("/health")
     async def health() -> Response:
-        stages = {n: {"status": "ready" if h.healthy else ("exited" if h.dead else "starting"),
-                      "pid": h.pid, "exitcode": h.exitcode}
-                  for n, h in orchestrator.stages.handles.items()}
-        ok = orchestrator.healthy
-        return JSONResponse({"status": "ok" if ok else "unhealthy", "stages": stages},
-                            status_code=200 if ok else 503)
+        report = orchestrator.health()
+        ok = report["status"] == "ok"
+        headers = None if ok else {"Retry-After": str(config.server.retry_after_s)}
+        return JSONResponse(report, status_code=200 if ok else 503, headers=headers)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -88,30 +95,49 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
 
     stage_names = tuple(orchestrator.stages.handles)
 
-    def open_run(rid: str, messages: list, sampling: dict, stage_params: dict,
-                 stage_sampling: dict) -> UMMRun:
+    async def open_run(rid: str, messages: list, sampling: dict, stage_params: dict,
+                       stage_sampling: dict) -> UMMRun:
+        """Check the generation limits, measure the history off the event loop, open the run
+        (400/503 before any model work)."""
+        check_generation_limits(
+            stage_params.get("generation") or {}, config.server,
+            where="stage_params.generation.", feeds_reasoner=True,
+            multiple=size_multiple(config.stages["generation"].factory.get("backend")
+                                   if "generation" in config.stages else None))
+        history_size = await asyncio.to_thread(history_bytes, messages)
         return orchestrator.open_interleaved(UMMRequest(
             rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
-            stage_sampling=stage_sampling, media_policy=orchestrator.policy))
+            stage_sampling=stage_sampling, media_policy=orchestrator.policy,
+            history_size=history_size))
+
+    async def open_claimed_run(rid: str, *args: Any) -> UMMRun:
+        """``open_run`` for a claimed rid: refused (400/503 before any work), the rid is free
+        again; admitted, it ends with the run (``Orchestrator.release``)."""
+        try:
+            return await open_run(rid, *args)
+        except BaseException:
+            orchestrator.ids.forget(rid)
+            raise
 
     async def respond_interleaved(request: Request, run: UMMRun, stream_form: Any,
                                   json_form: Any) -> Response:
         events = orchestrator.interleaved_events(run)
         if stream_form is not None:
-            return StreamingResponse(stream_form(events), media_type="text/event-stream",
-                                     background=BackgroundTask(orchestrator.release,
-                                                               run.request.rid))
+            return sse_response(stream_form(events), config.server.sse_keepalive_s,
+                                background=BackgroundTask(orchestrator.release,
+                                                          run.request.rid))
         try:
             done = await until_disconnect(request, collect(events))
         except ClientDisconnected:
             return Response(status_code=499)
         finally:
             await events.aclose()
-        return JSONResponse(json_form(done))
+        # base64 and JSON of up to 17 media segments: off the event loop
+        return await json_response_off_loop(lambda: json_form(done))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await read_json(request)
+        body = await read_json_body(request)
         if orchestrator.mode == "generation":
             raise BadRequest("/v1/chat/completions: this server runs Cosmos3PipelineConfig "
                              "(direct generation); use the image, video and action routes")
@@ -121,13 +147,14 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         model = req.model or served_name
         if orchestrator.mode == "chat":
             return await _text_chat(request, orchestrator, req, model)
-        rid = orchestrator.ids.claim(req.rid)
         if req.response_format is not None:
             raise BadRequest("response_format: the interleaved pipeline sets the Reasoner's "
                              "decision format itself; remove response_format")
         if req.extra.get("logprobs") or req.extra.get("return_logprob"):
             raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
-        run = open_run(rid, req.messages, req.sampling, req.stage_params, req.stage_sampling)
+        rid = orchestrator.ids.claim(req.rid)
+        run = await open_claimed_run(rid, req.messages, req.sampling, req.stage_params,
+                                     req.stage_sampling)
         stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
             if req.stream else None
         return await respond_interleaved(request, run, stream_form,
@@ -135,7 +162,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        body = await read_json(request)
+        body = await read_json_body(request)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         if orchestrator.mode != "umm":
@@ -148,8 +175,10 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         check_chat_request(req.chat_body, orchestrator.policy)
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
-        run = open_run(rid, req.messages, req.sampling, req.stage_params, req.stage_sampling)
-        return await respond_interleaved(request, run, generate_sse if req.stream else None,
+        run = await open_claimed_run(rid, req.messages, req.sampling, req.stage_params,
+                                     req.stage_sampling)
+        return await respond_interleaved(request, run,
+                                         (lambda ev: generate_sse(ev, rid)) if req.stream else None,
                                          lambda done: generate_json(rid, done))
 
     if orchestrator.mode == "generation":
@@ -163,6 +192,7 @@ async def _text_chat(request: Request, orchestrator: Orchestrator, req: ChatRequ
     the stage loads any media; the ticket is released when the request ends."""
     ticket = orchestrator.admit_text_chat()
     handed_over = False
+    rid: str | None = None
     try:
         rid = orchestrator.ids.claim(req.rid)
         if req.stream:
@@ -172,9 +202,15 @@ async def _text_chat(request: Request, orchestrator: Orchestrator, req: ChatRequ
         result = await until_disconnect(request, _collect(orchestrator, rid, req))
     except ClientDisconnected:
         return Response(status_code=499)
+    except OmniError as exc:
+        if rid is not None and (exc.status < 500 or exc.status == 503):
+            orchestrator.ids.forget(rid)  # refused: the client may retry with the same rid
+        raise
     finally:
         if not handed_over:
             _release(ticket)
+            if rid is not None:
+                orchestrator.ids.finish(rid)
     body = completion_body(rid, model, result.payload.get("text", ""),
                            result.payload.get("finish_reason", "stop"),
                            result.payload.get("usage"))
@@ -194,9 +230,10 @@ async def _open_text_stream(request: Request, orchestrator: Orchestrator, rid: s
     except BaseException:
         await stream.aclose()
         raise
-    sse = _text_chat_sse(rid, model, req, first, stream, ticket)
+    sse = _text_chat_sse(rid, model, req, first, stream, ticket, orchestrator.ids)
     weakref.finalize(sse, _release, ticket)  # a response that never starts still releases
-    return StreamingResponse(sse, media_type="text/event-stream")
+    weakref.finalize(sse, orchestrator.ids.finish, rid)
+    return sse_response(sse, orchestrator.config.server.sse_keepalive_s)
 
 
 def _release(ticket: AdmissionTicket | None) -> None:
@@ -214,8 +251,8 @@ async def _collect(orchestrator: Orchestrator, rid: str, req: ChatRequest) -> St
 
 
 async def _text_chat_sse(rid: str, model: str, req: ChatRequest, first: Any,
-                         stream: AsyncGenerator[Any, None], ticket: AdmissionTicket | None
-                         ) -> AsyncIterator[str]:
+                         stream: AsyncGenerator[Any, None], ticket: AdmissionTicket | None,
+                         ids: RequestIds | None = None) -> AsyncIterator[str]:
     async def items() -> AsyncIterator[Any]:
         yield first
         async for item in stream:
@@ -230,9 +267,11 @@ async def _text_chat_sse(rid: str, model: str, req: ChatRequest, first: Any,
                                                                            "stop"), usage))
             elif item.get("text"):
                 yield sse_data(chunk_body(rid, model, {"content": item["text"]}))
-    except OmniError as exc:
-        yield sse_data(exc.to_body())
+    except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
+        yield sse_data(stream_error(exc, rid).to_body())
     finally:
         await stream.aclose()
         _release(ticket)
+        if ids is not None:
+            ids.finish(rid)
     yield SSE_DONE

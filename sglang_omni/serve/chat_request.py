@@ -3,7 +3,8 @@
 Rules (native chat stage spec): messages carry text, image_url, video_url and audio_url parts;
 top-level ``images``/``videos`` are added to the last user message; top-level ``audios`` and video
 processing options are refused; other native fields go under ``stage_params.<stage>``; tools,
-``n`` above 1 and log probabilities on a stream are refused. All refusals are 400.
+``n`` above 1 and log probabilities on a stream are refused; number fields take numbers, never
+booleans. All refusals are 400.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ ENVELOPE_FIELDS = ("model", "messages", "stream", "stream_options", "rid", "imag
                    "logprobs", "top_logprobs", "response_format", "return_logprob")
 #: Native request fields Omni sets from the request itself; refused under stage_params.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
+#: Fields that take a number (int or float) and those that take a whole number; null is unset.
+NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+INTEGER_FIELDS = ("top_k", "seed", "max_tokens", "max_completion_tokens", "min_tokens", "n",
+                  "top_logprobs")
 ROLES = ("system", "user", "assistant", "developer")
 PART_TYPES = ("text", "image_url", "video_url", "audio_url")
 
@@ -103,6 +109,19 @@ def _dict_field(body: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
     return copy.deepcopy(value)
 
 
+def check_number_fields(where: str, fields: dict[str, Any]) -> None:
+    """400 for a number field holding a non-number; booleans are not numbers here."""
+    for key in NUMBER_FIELDS + INTEGER_FIELDS:
+        value = fields.get(key)
+        if value is None:
+            continue
+        whole = key in INTEGER_FIELDS
+        kinds = int if whole else int | float
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise BadRequest(f"{where}{key}: expected {'an integer' if whole else 'a number'}, "
+                             f"got {value!r}")
+
+
 def refuse_single_completion_fields(where: str, fields: dict[str, Any], stream: bool) -> None:
     """Tools, several choices and streamed log probabilities need ``sglang serve``."""
     hint = "; run sglang serve on the same checkpoint for that"
@@ -162,6 +181,7 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
             if stage not in known_stages:
                 raise BadRequest(f"{key}.{stage}: no such stage; this pipeline has "
                                  f"{', '.join(known_stages)}")
+    check_number_fields("", body)
     refuse_single_completion_fields("", body, stream)
     native_fields = stage_params.get(reasoner_stage, {})
     refuse_single_completion_fields(f"stage_params.{reasoner_stage}.", native_fields, stream)

@@ -13,31 +13,46 @@ The shapes are those of the pinned SGLang release's own routes, with JSON bodies
 Omni keeps no files: images come back as ``b64_json`` only, and a finished video is held in
 memory until it is deleted or :data:`VIDEO_RETENTION_S` passes (at most :data:`MAX_VIDEO_JOBS`
 jobs are held). The generation stage reads ``image_path``/``video_path`` and action media
-under the media policy, which is checked here first (400 before any model work).
+under the media policy, which is checked here first (400 before any model work), as are the
+server's generation limits (``models.cosmos3.generation_limits``) and the action route's field
+types (``models.cosmos3.action_request``). Engine exception text never reaches a client: an
+unexpected failure answers the generic 500 and is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.engines.native.generation_action_media import action_media_refs
 from sglang_omni.engines.synth_media import sniff_mime
 from sglang_omni.errors import BadRequest, NotFound, OmniError, ServerError, ServiceUnavailable
-from sglang_omni.media.refs import check_generation_options
+from sglang_omni.media.refs import check_generation_options, check_media_refs
+from sglang_omni.models.cosmos3.action_request import action_options, check_action_request
+from sglang_omni.models.cosmos3.generation_limits import (
+    ACTION_DEFAULTS,
+    check_generation_limits,
+    size_multiple,
+)
 from sglang_omni.models.cosmos3.generation_options import OPTIONS, POSITIVE
 from sglang_omni.pipeline.media_checks import MIME_BY_KIND
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
+from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.request_body import parse_json, read_json_body
+from sglang_omni.serve.responses import json_response, json_response_off_loop
+
+log = logging.getLogger("sglang_omni.serve")
 
 MAX_VIDEO_JOBS = 64
 VIDEO_RETENTION_S = 3600
@@ -53,19 +68,14 @@ VIDEO_OPTIONS = (*IMAGE_OPTIONS, "num_frames", "fps", "image_path", "video_path"
 IMAGE_FIELDS = ("prompt", "n", "size", "response_format", "output_format", "model", "user")
 VIDEO_FIELDS = ("prompt", "n", "num_outputs_per_prompt", "seconds", "size", "model", "user",
                 "input_reference", "reference_url", "video_url")
+STRING_FIELDS = ("model", "user", "size", "response_format", "output_format")
 NOT_HERE = ("output_path", "output_file_name", "save_output", "return_frames",
             "return_file_paths_only")
 
 
 # --- request bodies ----------------------------------------------------------------------------
 async def _json_body(request: Request) -> dict[str, Any]:
-    if "json" not in request.headers.get("content-type", "application/json").lower():
-        raise BadRequest("send the request as JSON (Content-Type: application/json); "
-                         "multipart and msgpack bodies are not served by SGLang Omni")
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    body = await read_json_body(request)  # 413/415/408/400 for what no route reads
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
@@ -77,10 +87,10 @@ def _flatten(body: dict[str, Any]) -> dict[str, Any]:
     for container in ("extra_params", "extra_body"):
         extra = out.pop(container, None)
         if isinstance(extra, str):
-            try:
-                extra = json.loads(extra)
-            except json.JSONDecodeError:
-                raise BadRequest(f"{container}: expected a JSON object") from None
+            try:  # the same checks as the body itself
+                extra = parse_json(extra.encode(), ServerSettings.max_json_depth)
+            except BadRequest as exc:
+                raise BadRequest(f"{container}: expected a JSON object; {exc.message}") from None
         if extra is None:
             continue
         if not isinstance(extra, dict):
@@ -122,6 +132,9 @@ def _split(body: dict[str, Any], fields: tuple[str, ...], options: tuple[str, ..
     prompt = route_fields.get("prompt")
     if not isinstance(prompt, str):
         raise BadRequest("prompt: required, a string")
+    for key in STRING_FIELDS:
+        if route_fields.get(key) is not None and not isinstance(route_fields[key], str):
+            raise BadRequest(f"{key}: expected a string, got {type(route_fields[key]).__name__}")
     for key in ("n", "num_outputs_per_prompt"):
         if route_fields.get(key) not in (None, 1):
             raise BadRequest(f"{key}: each generation returns exactly one media item; leave it "
@@ -257,6 +270,8 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
     router = APIRouter()
     videos = VideoJobs()
     policy = orchestrator.policy
+    settings = orchestrator.config.server
+    multiple = size_multiple(orchestrator.config.stage("generation").factory.get("backend"))
 
     def stage() -> Any:
         orchestrator.check_healthy()
@@ -278,20 +293,21 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
                              "so images come back as b64_json only")
         if fields.get("output_format") not in (None, "png"):
             raise BadRequest("output_format: native Cosmos3 writes PNG images; use png")
-        rid = orchestrator.ids.claim()
+        check_generation_limits(options, settings, video=False, multiple=multiple)
+        rid = orchestrator.ids.new()
         result = await call(request, rid, {"modality": "image", "prompt": fields["prompt"],
                                            "options": options})
         if result is None:
             return Response(status_code=499)
         data = single_media("image", result)
-        return JSONResponse({
+        return await json_response_off_loop(lambda: {  # base64 of the image: off the loop
             "id": rid, "created": int(time.time()),
             "data": [{"b64_json": base64.b64encode(data).decode(),
                       "revised_prompt": fields["prompt"]}],
             "inference_time_s": result.engine_s})
 
     @router.post("/v1/videos")
-    async def create_video(request: Request) -> JSONResponse:
+    async def create_video(request: Request) -> Response:
         body = _flatten(await _json_body(request))
         fields, options = _split(body, VIDEO_FIELDS, VIDEO_OPTIONS, "/v1/videos")
         for key in ("input_reference", "reference_url", "video_url"):
@@ -315,14 +331,16 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
         if "action_horizon" in options:  # forward dynamics: one frame per action, plus one
             options.setdefault("num_frames", options["action_horizon"] + 1)
         frames = options.setdefault("num_frames", fps * seconds)
+        check_generation_limits(options, settings, video=True, multiple=multiple)
         size = f"{options['width']}x{options['height']}" if "width" in options \
             and "height" in options else ""
         handle = stage()
-        job = VideoJob(orchestrator.ids.claim(), fields.get("model") or served_name, size,
+        job = VideoJob(orchestrator.ids.new(), fields.get("model") or served_name, size,
                        str(round(frames / fps)))
+        response = json_response(job.body())  # answerable before it is stored
         videos.admit(job)
         job.task = asyncio.create_task(run_video(handle, job, fields["prompt"], options))
-        return JSONResponse(job.body())
+        return response
 
     async def run_video(handle: Any, job: VideoJob, prompt: str,
                         options: dict[str, Any]) -> None:
@@ -333,20 +351,21 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
             job.finish(data=single_media("video", result), engine_s=result.engine_s)
         except OmniError as exc:
             job.finish(error=exc)
-        except Exception as exc:  # noqa: BLE001 - a bug fails the job, not the server
-            job.finish(error=ServerError(f"the video generation failed: {exc!r}"))
+        except Exception:  # noqa: BLE001 - a bug fails the job, not the server
+            log.exception("video job %s failed unexpectedly", job.id)
+            job.finish(error=ServerError(GENERIC_500))
 
     @router.get("/v1/videos")
-    async def list_videos() -> JSONResponse:
+    async def list_videos() -> Response:
         videos.expire()
         data = [job.body() for job in reversed(videos.jobs.values())]
-        return JSONResponse({"object": "list", "data": data,
+        return json_response({"object": "list", "data": data,
                              "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None, "has_more": False})
 
     @router.get("/v1/videos/{video_id}")
-    async def retrieve_video(video_id: str) -> JSONResponse:
-        return JSONResponse(videos.get(video_id).body())
+    async def retrieve_video(video_id: str) -> Response:
+        return json_response(videos.get(video_id).body())
 
     @router.get("/v1/videos/{video_id}/content")
     async def video_content(video_id: str) -> Response:
@@ -360,16 +379,17 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
             "Content-Disposition": f'attachment; filename="{video_id}.mp4"'})
 
     @router.delete("/v1/videos/{video_id}")
-    async def delete_video(video_id: str) -> JSONResponse:
+    async def delete_video(video_id: str) -> Response:
         job = videos.pop(video_id)
-        return JSONResponse({**job.body(), "status": "deleted"})
+        return json_response({**job.body(), "status": "deleted"})
 
     @router.post("/v1/actions/generations")
     async def action_generations(request: Request) -> Response:
-        body = await _json_body(request)
-        for label, ref in action_media_refs(body):
-            policy.check(ref, label=label)
-        rid = orchestrator.ids.claim()
+        body = check_action_request(await _json_body(request), policy.check)
+        check_media_refs(action_media_refs(body), policy)  # the request-wide count and bytes
+        check_generation_limits(action_options(body), settings, video=True,
+                                defaults=ACTION_DEFAULTS, multiple=multiple)
+        rid = orchestrator.ids.new()
         result = await call(request, rid, {"modality": "action", "request": body})
         if result is None:
             return Response(status_code=499)
@@ -378,6 +398,6 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
             raise ServerError("the action generation returned no action")
         if response.get("object") == "action.generation":
             response = {**response, "model": served_name}
-        return JSONResponse(response)
+        return await json_response_off_loop(lambda: response)
 
     return router

@@ -21,13 +21,19 @@ class _StageCollector:
                                labels=["stage"])
         jobs = CounterMetricFamily("sgl_omni_stage_jobs", "stage jobs by outcome",
                                    labels=["stage", "outcome"])
-        for name, handle in self.orchestrator.stages.handles.items():
+        restarts = CounterMetricFamily("sgl_omni_stage_restarts",
+                                       "restarts of a stage process after it exited or stalled",
+                                       labels=["stage"])
+        stages = self.orchestrator.stages
+        for name, handle in stages.handles.items():
             up.add_metric([name], 1.0 if handle.healthy else 0.0)
             c = handle.counters
             for outcome in ("submitted", "completed", "failed", "aborted", "dropped"):
                 jobs.add_metric([name, outcome], float(getattr(c, outcome)))
+            restarts.add_metric([name], float(stages.supervisors[name].restarts))
         yield up
         yield jobs
+        yield restarts
 
 
 def build_registry(orchestrator: Orchestrator) -> CollectorRegistry:

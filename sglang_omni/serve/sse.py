@@ -4,12 +4,35 @@ control of event names and the closing ``[DONE]``).
 Data is JSON with every non-ASCII character escaped: SSE ends lines only at CR and LF, but
 common line readers (``str.splitlines``, httpx's ``iter_lines``, the SDK) also split at U+2028,
 U+2029, NEL and other separators, which would cut a raw answer holding them in two.
+
+Every SSE response goes through :func:`sse_response`: while the stream has nothing to send (a
+long generation), it sends the comment :data:`SSE_KEEPALIVE` every ``server.sse_keepalive_s``
+seconds, so proxies that cut idle connections leave it open. Stream generators end with an error
+event and ``[DONE]`` whatever is raised; :func:`stream_error` turns an unexpected exception into
+the generic 500 (its traceback is logged, its text never sent).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from sglang_omni.errors import OmniError, ServerError
+from sglang_omni.serve.http_errors import GENERIC_500
+
+log = logging.getLogger("sglang_omni.serve")
+
+SSE_DONE = "data: [DONE]\n\n"
+SSE_KEEPALIVE = ": keep-alive\n\n"
+#: Headers of every SSE response: no caching, no proxy buffering (nginx honours the latter).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse_data(obj: Any) -> str:
@@ -20,4 +43,57 @@ def sse_event(event: str, obj: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(obj)}\n\n"
 
 
-SSE_DONE = "data: [DONE]\n\n"
+def stream_error(exc: Exception, rid: str | None = None) -> OmniError:
+    """The error a stream reports for ``exc``: itself if an OmniError, else the generic 500
+    (the traceback is logged here; the exception's text is never sent)."""
+    if isinstance(exc, OmniError):
+        return exc
+    log.error("stream of request %s failed unexpectedly", rid or "?", exc_info=exc)
+    return ServerError(GENERIC_500)
+
+
+async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
+    """``events``, with :data:`SSE_KEEPALIVE` sent whenever nothing came for ``interval_s``
+    seconds (``<= 0``: never). Closing or cancelling this iterator cancels the pending read of
+    ``events`` and closes it, so no task outlives the response."""
+    pending: asyncio.Future[str] | None = None
+    try:
+        while interval_s <= 0:
+            try:
+                item = await anext(events)
+            except StopAsyncIteration:
+                return
+            yield item
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield SSE_KEEPALIVE
+                continue
+            read, pending = pending, None
+            try:
+                item = read.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            # Cancelling the read finishes ``events`` (the CancelledError ends it); wait for
+            # that. A cancel scope may interrupt the wait again: the task still ends promptly.
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({pending})
+            ended = not pending.done() or pending.cancelled() or \
+                pending.exception() is not None  # (retrieved, so never reported unretrieved)
+        if pending is None or not ended:  # suspended at a yield: close it
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def sse_response(events: AsyncIterator[str], keepalive_s: float,
+                 background: BackgroundTask | None = None) -> StreamingResponse:
+    """The ``text/event-stream`` response for ``events``, with keep-alive comments."""
+    return StreamingResponse(with_keepalive(events, keepalive_s), media_type="text/event-stream",
+                             headers=SSE_HEADERS, background=background)

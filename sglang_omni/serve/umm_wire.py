@@ -1,14 +1,21 @@
-"""Wire forms of interleaved results: ``/generate`` SSE and JSON, and chat segments."""
+"""Wire forms of interleaved results: ``/generate`` SSE and JSON, and chat segments.
+
+Media segments are base64- and JSON-encoded off the event loop (a segment carries up to 8 MiB);
+the stream generators end with an error and ``[DONE]`` whatever is raised.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sglang_omni.errors import OmniError
 from sglang_omni.pipeline.umm import TEXT, Complete, Segment
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
-from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
+from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event, stream_error
+
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def joined_text(segments: tuple[Segment, ...] | list[Segment]) -> str:
@@ -19,13 +26,31 @@ def error_event(exc: OmniError) -> dict[str, Any]:
     return {"message": exc.message, "type": exc.type, "code": exc.status}
 
 
-async def generate_sse(events: AsyncIterator[Segment | Complete]) -> AsyncIterator[str]:
+def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    """The OpenAI usage of an adapter's ``usage()``: the token counts it reports (an adapter
+    may leave any out; ``total_tokens`` is derived when both parts are there)."""
+    usage = usage or {}
+    out = {k: usage[k] for k in USAGE_KEYS if k in usage}
+    if "total_tokens" not in out and "prompt_tokens" in out and "completion_tokens" in out:
+        out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    return out
+
+
+async def encoded(segment: Segment, encode: Callable[[], str]) -> str:
+    """``encode()``, on a worker thread when the segment carries media."""
+    if segment.media is None:
+        return encode()
+    return await asyncio.to_thread(encode)
+
+
+async def generate_sse(events: AsyncIterator[Segment | Complete],
+                       rid: str | None = None) -> AsyncIterator[str]:
     """``event: segment`` per segment, ``event: complete`` with references, then ``[DONE]``;
-    a failure sends ``event: error`` instead of ``complete``."""
+    a failure (any exception) sends ``event: error`` instead of ``complete``."""
     try:
         async for event in events:
             if isinstance(event, Segment):
-                yield sse_event("segment", event.to_wire())
+                yield await encoded(event, lambda e=event: sse_event("segment", e.to_wire()))
             else:
                 yield sse_event("complete", {
                     "execution_id": event.segments[0].execution_id if event.segments else None,
@@ -33,8 +58,8 @@ async def generate_sse(events: AsyncIterator[Segment | Complete]) -> AsyncIterat
                     "segments": [s.to_wire(with_data=False) for s in event.segments],
                     "usage": event.usage,
                 })
-    except OmniError as exc:
-        yield sse_event("error", error_event(exc))
+    except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
+        yield sse_event("error", error_event(stream_error(exc, rid)))
     yield SSE_DONE
 
 
@@ -52,27 +77,30 @@ def generate_json(rid: str, done: Complete) -> dict[str, Any]:
 
 
 def chat_json(rid: str, model: str, done: Complete) -> dict[str, Any]:
-    usage = {k: done.usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-             if k in done.usage}
-    return completion_body(rid, model, joined_text(done.segments), done.finish_reason, usage,
-                           segments=[s.to_wire() for s in done.segments])
+    return completion_body(rid, model, joined_text(done.segments), done.finish_reason,
+                           chat_usage(done.usage), segments=[s.to_wire() for s in done.segments])
 
 
 async def chat_sse(rid: str, model: str, include_usage: bool,
                    events: AsyncIterator[Segment | Complete]) -> AsyncIterator[str]:
-    """Chat chunks: each segment as ``delta.segment`` (text also as ``delta.content``)."""
+    """Chat chunks: each segment as ``delta.segment`` (text also as ``delta.content``); a
+    failure (any exception) sends ``{"error": ...}`` before ``[DONE]``."""
     yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
     try:
         async for event in events:
             if isinstance(event, Segment):
-                delta: dict[str, Any] = {"segment": event.to_wire()}
-                if event.kind == TEXT:
-                    delta["content"] = event.text
-                yield sse_data(chunk_body(rid, model, delta))
+                yield await encoded(event, lambda e=event: sse_data(chunk_body(
+                    rid, model, _segment_delta(e))))
             else:
-                usage = {k: event.usage[k] for k in ("prompt_tokens", "completion_tokens",
-                                                     "total_tokens")} if include_usage else None
+                usage = chat_usage(event.usage) if include_usage else None
                 yield sse_data(chunk_body(rid, model, {}, event.finish_reason, usage))
-    except OmniError as exc:
-        yield sse_data(exc.to_body())
+    except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
+        yield sse_data(stream_error(exc, rid).to_body())
     yield SSE_DONE
+
+
+def _segment_delta(segment: Segment) -> dict[str, Any]:
+    delta: dict[str, Any] = {"segment": segment.to_wire()}
+    if segment.kind == TEXT:
+        delta["content"] = segment.text
+    return delta

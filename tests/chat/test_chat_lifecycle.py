@@ -59,7 +59,8 @@ def test_skip_server_warmup_turns_it_off() -> None:
 # --- aborts -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():  # noqa: ANN201
-    with Server(*TEXT_ONLY) as srv:
+    # the slow media host below listens on loopback: allowlisted (no flags refuse loopback)
+    with Server(*TEXT_ONLY, "--allowed-media-domain", "127.0.0.1") as srv:
         yield srv
 
 

@@ -152,7 +152,8 @@ class OpenStream:
 @pytest.fixture(scope="module")
 def bounded() -> Iterator[Server]:
     with Server(*TEXT_ONLY, "--reasoner.engine.max_running_requests", "1",
-                "--reasoner.engine.max_queued_requests", "1") as srv:
+                "--reasoner.engine.max_queued_requests", "1",
+                "--allowed-media-domain", "127.0.0.1") as srv:  # the loopback media host
         yield srv
 
 

@@ -83,12 +83,19 @@ def test_native_rids_are_fresh_and_equally_long() -> None:
 
 
 # --- media ------------------------------------------------------------------------------------
-def test_without_policy_flags_references_pass_through() -> None:
-    messages = user(image("https://example.com/a.png"), image("relative/b.png"))
-    out, workdir = localize(messages, MediaPolicy())
-    assert [url_of(out, 1), url_of(out, 2)] == ["https://example.com/a.png", "relative/b.png"]
+def test_without_policy_flags_no_local_file_and_no_loopback_reaches_native(
+        tmp_path: Path) -> None:
+    """Secure by default: native SGLang never gets a path or URL to read by itself."""
+    (tmp_path / "cube.png").write_bytes(PNG_BYTES)
+    with media_host() as host:
+        for ref in ("relative/b.png", str(tmp_path / "cube.png"), f"{host.url}/cube.png"):
+            with pytest.raises(MediaRefused, match=r"messages\[0\]\.content\[1\]"):
+                localize(user(image(ref)), MediaPolicy(), base=tmp_path)
+        assert host.paths == []
+    messages = user(image(data_url("image/png", PNG_BYTES)))
+    out, workdir = localize(messages, MediaPolicy(), base=tmp_path)
+    assert Path(urlsplit(url_of(out)).path).read_bytes() == PNG_BYTES  # a request file
     assert out[0]["content"][1]["image_url"]["detail"] == "low"  # other native keys kept
-    assert messages == user(image("https://example.com/a.png"), image("relative/b.png"))
     workdir.close()
 
 

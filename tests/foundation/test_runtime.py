@@ -94,7 +94,8 @@ def test_disconnected_non_streaming_request_aborts() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_kill_9_fails_in_flight_request_fast(stream: bool) -> None:
-    with Server(*SCRIPTED_CHAT) as server:
+    # no restart budget: the stage stays down (tests/supervision covers restarts)
+    with Server(*SCRIPTED_CHAT, "--reasoner.factory.max_restarts", "0") as server:
         pid = server.stage_pid("reasoner")
         result: dict = {}
 

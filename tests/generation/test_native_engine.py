@@ -158,7 +158,7 @@ def test_no_media_reason_is_in_the_generation_stage_log(server: Server) -> None:
 
 # --- cancellation ------------------------------------------------------------------------------
 SLOW = {"FAKE_STEP_S": "0.2"}
-STEPS = 300  # 60 s unless stopped
+STEPS = 200  # 40 s unless stopped (server.max_inference_steps allows 200)
 
 
 def disconnect_after(server: Server, seconds: float, steps: int = STEPS) -> None:

@@ -72,7 +72,7 @@ class Handler(BaseHTTPRequestHandler):
             state.requests.append((self.headers.get("Host", ""), self.path))
         parts = urlsplit(self.path)
         route, query = parts.path, parse_qs(parts.query)
-        if route in ("/ok.png", "/ok"):
+        if route in ("/ok.png", "/ok", "/secret"):
             self._send(200, PNG, {"Content-Type": "image/png"})
         elif route == "/redirect":
             self._send(int(query.get("code", ["302"])[0]), headers={"Location": query["to"][0]})
@@ -107,6 +107,8 @@ class Handler(BaseHTTPRequestHandler):
                     time.sleep(0.05)
             except OSError:
                 pass
+        elif route == "/slowloris":
+            self._slowloris()
         elif route == "/endless":
             self._endless()
         elif route == "/big-declared":
@@ -115,6 +117,24 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"\x1f\x8b" + b"\0" * 20, {"Content-Encoding": "gzip"})
         else:
             self._send(404)
+
+    def _slowloris(self) -> None:
+        """A valid response sent one byte every 0.2 s for up to 30 s: no read ever stalls long
+        enough for a per-read timeout, only a deadline on the whole fetch ends it."""
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(PNG)))
+        self.end_headers()
+        deadline = time.monotonic() + 30
+        try:
+            for byte in PNG:
+                if self.state.stop.is_set() or time.monotonic() > deadline:
+                    break
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
 
     def _endless(self) -> None:
         state = self.state

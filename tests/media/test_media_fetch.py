@@ -248,19 +248,23 @@ def test_request_cancelled_with_folder_open(media_server: MediaServer, tmp_path:
 
 
 # --- without an allowlist ------------------------------------------------------------------------
-def test_without_allowlist_urls_pass_through_unfetched(
-    media_server: MediaServer, tmp_path: Path
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost"])
+def test_without_allowlist_loopback_refused_unfetched(
+    media_server: MediaServer, tmp_path: Path, host: str
 ) -> None:
-    ref = media_server.url("127.0.0.2", "/ok.png")
-    out, workdir = materialize_in(tmp_path, ref, MediaPolicy())
-    assert out == ref and os.listdir(workdir.path) == []
-    assert media_server.state.requests == []  # native SGLang fetches it, not Omni
+    async def go() -> None:
+        for read in (materialize, load_bytes):
+            async with RequestMediaDir(tmp_path) as workdir:
+                with pytest.raises(MediaRefused, match="public address"):
+                    await read(media_server.url(host, "/ok.png"), MediaPolicy(), workdir,
+                               label=LABEL)
+
+    run(go())
+    assert media_server.state.requests == []
 
 
-def test_load_bytes_without_allowlist_fetches_with_limits(
-    media_server: MediaServer, tmp_path: Path
-) -> None:
-    pol = MediaPolicy(max_file_size_mb=SMALL_MB, fetch_timeout_s=0.5)
+def test_load_bytes_fetches_with_limits(media_server: MediaServer, tmp_path: Path) -> None:
+    pol = policy("127.0.0.1", "127.0.0.2", max_file_size_mb=SMALL_MB)
 
     async def go() -> None:
         async with RequestMediaDir(tmp_path) as workdir:
@@ -301,20 +305,24 @@ def test_load_bytes_local_and_inline(tmp_path: Path) -> None:
     async def go() -> None:
         async with RequestMediaDir(tmp_path) as workdir:
             assert await load_bytes(f"file://{root}/a.png", confined, workdir, label=LABEL) == PNG
-            assert await load_bytes(str(root / "a.png"), open_policy, workdir, label=LABEL) == PNG
+            assert await load_bytes(str(root / "a.png"), confined, workdir, label=LABEL) == PNG
             assert await load_bytes(b64, open_policy, workdir, label=LABEL) == PNG
             assert await load_bytes(b64, confined, workdir, label=LABEL) == PNG
             assert (
                 await load_bytes(f"data:image/png;base64,{b64}", open_policy, workdir, label=LABEL)
                 == PNG
             )
-            for pol in (confined, open_policy):
-                with pytest.raises(MediaRefused, match="larger than"):
-                    await load_bytes(str(root / "big.bin"), pol, workdir, label=LABEL)
-            with pytest.raises(MediaRefused, match="not a regular file"):
-                await load_bytes("/dev/zero", open_policy, workdir, label=LABEL)
-            with pytest.raises(MediaRefused, match="neither"):
-                await load_bytes("no such file!", open_policy, workdir, label=LABEL)
+            with pytest.raises(MediaRefused, match="larger than"):
+                await load_bytes(str(root / "big.bin"), confined, workdir, label=LABEL)
+            for ref in (str(root / "a.png"), str(root / "big.bin"), "/dev/zero", "no such file!",
+                        str(root)):
+                with pytest.raises(MediaRefused, match="reads no local files"):
+                    await load_bytes(ref, open_policy, workdir, label=LABEL)
+            for ref in ("/dev/zero", str(root), f"file://{root}/"):
+                with pytest.raises(MediaRefused):
+                    await load_bytes(ref, confined, workdir, label=LABEL)
+            with pytest.raises(MediaRefused, match="is a directory"):
+                await load_bytes(f"file://{root}/", confined, workdir, label=LABEL)
 
     run(go())
 

@@ -14,7 +14,6 @@ from sglang_omni.media import (
     InlineMedia,
     LocalMedia,
     MediaPolicy,
-    PassThrough,
     RemoteMedia,
 )
 
@@ -65,10 +64,30 @@ def test_file_url_needs_the_flag(tree: dict[str, Path]) -> None:
     refused(policy, "FILE:///etc/passwd", "--allowed-local-media-path")
 
 
-def test_bare_paths_pass_through_without_the_flag() -> None:
+def test_bare_paths_refused_without_the_flag(tree: dict[str, Path]) -> None:
+    """Secure by default: with no flag no local file is read, whatever the spelling."""
     policy = MediaPolicy()
-    assert policy.resolve("/etc/hostname", label=LABEL) == PassThrough("/etc/hostname")
-    assert policy.resolve("relative/img.png", label=LABEL) == PassThrough("relative/img.png")
+    for ref in ("/etc/hostname", "relative/img.png", str(tree["root"] / "cat.png"),
+                "./abcd", "../etc/passwd", str(tree["root"])):
+        refused(policy, ref, "--allowed-local-media-path", "reads no local files")
+    # a strict base64 string is inline data (never opened as a file)
+    payload = base64.b64encode(b"\x89PNG....").decode()
+    assert isinstance(policy.resolve(payload, label=LABEL), InlineMedia)
+
+
+def test_directory_is_a_400_naming_the_field(tree: dict[str, Path]) -> None:
+    policy = MediaPolicy(allowed_local_media_path=tree["root"])
+    for ref in (str(tree["root"]), str(tree["root"] / "sub"), f"file://{tree['root']}/sub/",
+                f"file://{tree['root']}/link_in.png/..", f"{tree['root']}/sub/up"):
+        refused(policy, ref, "is a directory")
+
+
+def test_missing_and_special_files_refused(tree: dict[str, Path]) -> None:
+    root = tree["root"]
+    os.mkfifo(root / "fifo.png")
+    policy = MediaPolicy(allowed_local_media_path=root)
+    refused(policy, f"file://{root}/nope.png", "no such file")
+    refused(policy, str(root / "fifo.png"), "not a regular file")
 
 
 def test_file_url_inside_root_allowed(tree: dict[str, Path]) -> None:
@@ -126,6 +145,7 @@ def test_file_url_semicolon_is_literal(tree: dict[str, Path]) -> None:
     # urlparse splits ";params" only for some schemes, not file: native SGLang reads it literally
     root = tree["root"]
     policy = MediaPolicy(allowed_local_media_path=root)
+    (root / "link_secret.png;x").write_bytes(b"png")
     ref = f"file://{root}/link_secret.png;x"
     assert policy.resolve(ref, label=LABEL) == LocalMedia(root / "link_secret.png;x")
 
@@ -208,10 +228,13 @@ def test_other_schemes_refused(ref: str) -> None:
     refused(MediaPolicy(allowed_media_domains=("localhost",)), ref, "not allowed")
 
 
-def test_http_passes_through_without_allowlist() -> None:
+def test_public_hosts_fetched_by_omni_without_allowlist() -> None:
     source = MediaPolicy().resolve("HTTPS://Example.com/a.png?x=1", label=LABEL)
-    assert isinstance(source, RemoteMedia) and not source.fetch
+    assert isinstance(source, RemoteMedia) and not source.allow_private
     assert source.url.url == "https://Example.com/a.png?x=1"
+    for ref in ("http://8.8.8.8/a.png", "http://[2001:4860:4860::8888]/a.png"):
+        source = MediaPolicy().resolve(ref, label=LABEL)
+        assert isinstance(source, RemoteMedia) and not source.allow_private
 
 
 def test_allowlisted_host_fetched_by_omni() -> None:
@@ -225,7 +248,82 @@ def test_allowlisted_host_fetched_by_omni() -> None:
         "http://[0:0:0:0:0:0:0:1]/x",
     ):
         source = policy.resolve(ref, label=LABEL)
-        assert isinstance(source, RemoteMedia) and source.fetch, ref
+        assert isinstance(source, RemoteMedia) and source.allow_private, ref
+
+
+#: Every spelling of a non-public host; none may be fetched without an allowlist entry.
+NON_PUBLIC_URLS = [
+    "http://127.0.0.1/x",
+    "http://127.1/x",
+    "http://127.0.1/x",
+    "http://2130706433/x",
+    "http://0x7f.0.0.1/x",
+    "http://0x7f000001/x",
+    "http://0177.0.0.1/x",
+    "http://017700000001/x",
+    "http://127.0.0.1./x",
+    "http://127.255.255.254:8080/x",
+    "https://127.0.0.1:8443/x",
+    "http://[::ffff:127.0.0.1]/x",
+    "http://[::ffff:7f00:1]/x",
+    "http://[0:0:0:0:0:ffff:7f00:1]/x",
+    "http://[::1]/x",
+    "http://[0:0:0:0:0:0:0:1]/x",
+    "http://[::127.0.0.1]/x",
+    "http://0.0.0.0/x",
+    "http://0/x",
+    "http://[::]/x",
+    "http://localhost/x",
+    "http://LOCALHOST./x",
+    "http://api.localhost/x",
+    "http://10.0.0.1/x",
+    "http://012.0.0.1/x",
+    "http://172.16.0.1/x",
+    "http://192.168.1.1/x",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://0xa9fea9fe/latest/meta-data/",
+    "http://100.64.0.1/x",
+    "http://198.18.0.1/x",
+    "http://224.0.0.1/x",
+    "http://239.255.255.250/x",
+    "http://240.0.0.1/x",
+    "http://255.255.255.255/x",
+    "http://[fe80::1]/x",
+    "http://[fc00::1]/x",
+    "http://[fd12:3456::1]/x",
+    "http://[ff02::1]/x",
+    "http://[2002:7f00:1::]/x",  # 6to4 of 127.0.0.1
+    "http://[64:ff9b::7f00:1]/x",  # NAT64 of 127.0.0.1
+    "http://[2001:db8::1]/x",  # documentation
+]
+
+
+@pytest.mark.parametrize("ref", NON_PUBLIC_URLS)
+def test_non_public_hosts_refused_in_every_spelling(ref: str) -> None:
+    err = refused(MediaPolicy(), ref)
+    # httpx refuses dotted octal (0177.0.0.1) as a URL outright; all others by address
+    reason = "not a valid URL" if ref in ("http://0177.0.0.1/x", "http://012.0.0.1/x") \
+        else "remote media must be on a public address (list an internal host with " \
+        "--allowed-media-domain)"
+    assert reason in err.message, err.message
+    with pytest.raises(MediaRefused, match="redirected to a refused URL"):
+        MediaPolicy().check_redirect(ref, label=LABEL)
+
+
+@pytest.mark.parametrize("ref", ["http://[fe80::1%25eth0]/x", "http://[::1%251]/x"])
+def test_ipv6_zone_ids_refused(ref: str) -> None:
+    refused(MediaPolicy(), ref, "zone identifiers")
+    refused(MediaPolicy(allowed_media_domains=("fe80::1", "::1")), ref, "zone identifiers")
+
+
+def test_allowlisted_host_may_be_private() -> None:
+    policy = MediaPolicy(allowed_media_domains=("localhost", "10.0.0.5"))
+    for ref in ("http://localhost:8000/a.png", "http://10.0.0.5/a.png"):
+        source = policy.resolve(ref, label=LABEL)
+        assert isinstance(source, RemoteMedia) and source.allow_private
+    # only the listed spelling: another spelling of the same address is another host
+    refused(policy, "http://127.0.0.1/a.png", "not in --allowed-media-domain")
+    refused(policy, "http://10.5/a.png", "not in --allowed-media-domain")
 
 
 @pytest.mark.parametrize(
@@ -290,7 +388,8 @@ def test_bad_allowlist_entries_rejected(entry: str) -> None:
 def test_allowlist_entries_idna_normalized() -> None:
     policy = MediaPolicy(allowed_media_domains=("bücher.de",))
     assert policy.allowed_media_domains == ("xn--bcher-kva.de",)
-    assert policy.resolve("http://xn--bcher-kva.de/a.png", label=LABEL).fetch  # type: ignore[union-attr]
+    source = policy.resolve("http://xn--bcher-kva.de/a.png", label=LABEL)
+    assert isinstance(source, RemoteMedia) and source.allow_private
 
 
 # --- data: URLs ----------------------------------------------------------------------------------
@@ -327,7 +426,9 @@ def test_error_message_preview_is_bounded() -> None:
 
 def test_resolution_does_not_touch_cwd_files(tmp_path: Path) -> None:
     before = set(os.listdir(tmp_path))
-    MediaPolicy(allowed_local_media_path=tmp_path).check(f"file://{tmp_path}/x.png", label=LABEL)
+    with pytest.raises(MediaRefused, match="no such file"):
+        MediaPolicy(allowed_local_media_path=tmp_path).check(f"file://{tmp_path}/x.png",
+                                                             label=LABEL)
     assert set(os.listdir(tmp_path)) == before
 
 

@@ -12,6 +12,7 @@ import base64
 import contextlib
 import ipaddress
 import os
+import socket
 import string
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sglang_omni.errors import MediaRefused
-from sglang_omni.media import InlineMedia, LocalMedia, MediaPolicy, PassThrough, RemoteMedia
+from sglang_omni.media import InlineMedia, LocalMedia, MediaPolicy, RemoteMedia
 
 SETTINGS = settings(
     max_examples=400,
@@ -163,17 +164,15 @@ def test_no_accepted_local_reference_escapes_the_root(
 
 @given(data=st.data())
 @SETTINGS
-def test_file_urls_always_refused_without_the_flag(
-    tree: dict[str, Path], data: st.DataObject
-) -> None:
+def test_no_local_file_without_the_flag(tree: dict[str, Path], data: st.DataObject) -> None:
     ref, _ = data.draw(local_refs(tree))
     source = None
     with contextlib.suppress(MediaRefused):
         source = MediaPolicy().resolve(ref, label=LABEL)
     if ref.lower().startswith("file:"):
         assert source is None
-    elif source is not None:
-        assert isinstance(source, PassThrough) and source.ref == ref
+    elif source is not None:  # only strict base64 is accepted, as inline data, never a file
+        assert isinstance(source, InlineMedia) and source.payload.payload == ref
 
 
 # --- URLs ----------------------------------------------------------------------------------------
@@ -240,7 +239,7 @@ def test_no_accepted_url_outside_the_allowlist(ref: str) -> None:
         source = MediaPolicy(allowed_media_domains=ALLOWED).resolve(ref, label=LABEL)
     except MediaRefused:
         return
-    assert isinstance(source, RemoteMedia) and source.fetch, (ref, source)
+    assert isinstance(source, RemoteMedia) and source.allow_private, (ref, source)
     event("accepted")
     url = source.url.url
     theirs = urlsplit(url)
@@ -260,9 +259,21 @@ def test_urls_without_allowlist_are_http_only(ref: str) -> None:
         source = MediaPolicy().resolve(ref, label=LABEL)
     except MediaRefused:
         return
-    assert isinstance(source, RemoteMedia) and not source.fetch
+    assert isinstance(source, RemoteMedia) and not source.allow_private
     assert source.url.url.startswith(("http://", "https://"))
     assert urlsplit(source.url.url).username is None and httpx.URL(source.url.url).userinfo == b""
+    # the host the client would connect to, read by the C library: never a non-public literal
+    host = httpx.URL(source.url.url).raw_host.decode("ascii")
+    address = None
+    if ":" in host:
+        address = ipaddress.ip_address(host)
+    else:
+        with contextlib.suppress(OSError):
+            address = ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(host)))
+    if address is not None:
+        event("IP literal accepted")
+        assert address.is_global and not address.is_multicast, ref
+    assert host.rstrip(".") != "localhost", ref
 
 
 @given(ref=st.text(max_size=40))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from sglang_omni.errors import BadRequest, MediaRefused
@@ -9,6 +11,7 @@ from sglang_omni.media import (
     MediaPolicy,
     check_chat_request,
     check_generation_options,
+    check_media_refs,
     iter_chat_media_refs,
     iter_generation_media_refs,
 )
@@ -84,8 +87,57 @@ def test_generation_options() -> None:
         ("extra_body.video_path[0]", "http://a/1.mp4"),
         ("extra_body.video_path[1]", "data:;base64,YWJj"),
     ]
-    check_generation_options(opts, MediaPolicy())
+    with pytest.raises(MediaRefused, match="image_path: local paths are refused"):
+        check_generation_options(opts, MediaPolicy())  # no local files without the flag
+    check_generation_options({**opts, "image_path": "http://a/0.png"}, MediaPolicy())
     with pytest.raises(MediaRefused, match=r"video_path\[0\]"):
         check_generation_options({"video_path": ["gopher://x/"]}, MediaPolicy())
     with pytest.raises(BadRequest, match="image_path"):
         check_generation_options({"image_path": 3}, MediaPolicy())
+
+
+# --- request-wide limits -------------------------------------------------------------------------
+def image_parts(n: int, url: str = "http://a/x.png") -> dict:
+    return {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}} for _ in range(n)]}]}
+
+
+def test_media_parts_over_the_limit_refused() -> None:
+    policy = MediaPolicy(max_media_parts=3)
+    check_chat_request(image_parts(3), policy)
+    with pytest.raises(MediaRefused) as info:
+        check_chat_request(image_parts(4), policy)
+    message = info.value.message
+    assert info.value.status == 400
+    assert "messages[0].content[3].image_url.url" in message  # the first part over the limit
+    assert "4 media references" in message and "--server.max_media_parts 3" in message
+    # top-level lists and generation paths count too, all together
+    body = {**image_parts(2), "images": ["http://a/y.png"],
+            "stage_params": {"generation": {"image_path": "http://a/z.png"}}}
+    with pytest.raises(MediaRefused, match="stage_params.generation.image_path: .*4 media"):
+        check_chat_request(body, policy)
+    with pytest.raises(MediaRefused, match="--server.max_media_parts 0"):
+        check_chat_request(image_parts(1), MediaPolicy(max_media_parts=0))
+    with pytest.raises(MediaRefused, match=r"video_path\[1\].*max_media_parts"):
+        check_generation_options({"video_path": ["http://a/1.mp4"] * 2},
+                                 MediaPolicy(max_media_parts=1))
+    refs = [(f"input.images.{i}", "http://a/x.png") for i in range(5)]
+    with pytest.raises(MediaRefused, match="input.images.4: .*max_media_parts"):
+        check_media_refs(refs, MediaPolicy(max_media_parts=4))
+
+
+def test_media_parts_counted_before_any_reference_is_resolved() -> None:
+    # the 5th part is refused for the count even though the 1st would be refused for itself
+    with pytest.raises(MediaRefused, match="max_media_parts"):
+        check_chat_request(image_parts(5, "file:///etc/passwd"), MediaPolicy(max_media_parts=4))
+
+
+def test_inline_media_bytes_added_over_the_request() -> None:
+    one = "data:image/png;base64," + base64.b64encode(b"x" * 600).decode()
+    policy = MediaPolicy(max_media_bytes=1000)
+    check_chat_request(image_parts(1, one), policy)
+    with pytest.raises(MediaRefused) as info:
+        check_chat_request(image_parts(2, one), policy)
+    assert info.value.status == 400
+    assert "messages[0].content[1].image_url.url" in info.value.message
+    assert "--server.max_media_bytes 1000" in info.value.message

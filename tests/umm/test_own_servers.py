@@ -20,7 +20,9 @@ from tests.umm.kit import (
 
 
 def test_crashing_generation_fails_fast_and_health_turns_503() -> None:
-    with umm_server("--generation.factory.step_time_s", "0") as server:
+    # no restart budget: the stage stays down (tests/supervision covers restarts)
+    with umm_server("--generation.factory.step_time_s", "0",
+                    "--generation.factory.max_restarts", "0") as server:
         assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
         start = time.monotonic()
         resp = post_generate(server, {"prompt": script(image("!crash"), final("never")),

@@ -3,7 +3,8 @@
 Plain data work with no sglang import, so the rules are testable without the native extra:
 
 * media: every image, video and audio part goes through the media policy before native SGLang
-  sees it (:func:`localize_media`); inline ``omni-frame://N`` media become temporary files;
+  sees it (:func:`localize_media`): native SGLang only ever reads a checked local file or a
+  temporary file Omni wrote (fetched remote media, inline data, ``omni-frame://N`` media);
 * fields: the native chat request is the client's sampling fields, then
   ``stage_params.<stage>`` (which wins), then what Omni owns (messages, stream, request id);
 * answers: a native completion body, a native SSE stream or a native error response become the
@@ -23,7 +24,7 @@ from typing import Any
 from sglang_omni.engines.base import FRAME_SCHEME
 from sglang_omni.engines.synth_media import sniff_mime
 from sglang_omni.errors import BadRequest, OmniError
-from sglang_omni.media import MediaPolicy, PassThrough, RemoteMedia, RequestMediaDir, materialize
+from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
 
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
 #: Native chat request fields Omni sets itself; a stage_params value for them is refused.
@@ -65,12 +66,7 @@ async def _native_ref(ref: str, frames: list[bytes], policy: MediaPolicy,
         if not index.isdigit() or int(index) >= len(frames):
             raise BadRequest(f"{label}: {ref} names no inline media of this request")
         return _frame_file(frames[int(index)], workdir)
-    source = policy.resolve(ref, label=label)
-    if isinstance(source, PassThrough):
-        return ref  # no --allowed-local-media-path: native SGLang reads it as it always does
     target = await materialize(ref, policy, workdir, label=label)
-    if isinstance(source, RemoteMedia) and not source.fetch:
-        return target  # no --allowed-media-domain: native SGLang fetches the URL itself
     return Path(target).as_uri()  # a checked local file or one of the request's temp files
 
 

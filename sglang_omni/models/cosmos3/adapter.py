@@ -150,6 +150,10 @@ class Cosmos3UMMAdapter:
         if made is None:
             raise ServerError("a generation result arrived with no generation pending")
         self.pending = None
+        if result.receipt is not None:  # the plan no longer allowed it: nothing was generated
+            self.turns.append({"role": "user",
+                               "content": prompts.NO_TIME_LEFT.format(kind=made.action)})
+            return Step(dispatch=self._reasoner_turn(budget))
         data, mime = check_generated_media(made.action, result.payload, result.frames)
         self.generations += 1
         self.frames.append(data)

@@ -1,0 +1,119 @@
+"""Connection timeouts for uvicorn's h11 server: idle, slow headers, slow bodies.
+
+uvicorn closes a keep-alive connection idle for ``timeout_keep_alive`` seconds, but only after a
+response, and has no header or body deadline. :class:`GuardedH11Protocol` adds them:
+
+* a new connection that sends nothing for ``server.idle_timeout_s`` is closed;
+* once the first byte of a request arrives, its headers must be complete within
+  ``server.header_timeout_s``, else the connection is closed;
+* a request body must be complete within ``server.body_timeout_s``; the JSON routes answer 408
+  at that moment (``request_body``), and this closes the connection a grace period later for
+  routes that never read the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from sglang_omni.config.server import ServerSettings
+from sglang_omni.errors import BadRequest
+
+#: Largest request head (request line and headers) h11 buffers, in bytes (h11's default).
+MAX_HEADER_BYTES = 16 * 1024
+#: Seconds after ``body_timeout_s`` before the connection itself is closed.
+BODY_GRACE_S = 2.0
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with header and body deadlines (see the module docstring).
+    ``settings`` is set on a subclass by :func:`protocol_for`."""
+
+    settings: ServerSettings = ServerSettings()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_kind: str | None = None  # "head" or "body"
+        self._upgraded = False  # a WebSocket protocol owns the transport now
+
+    def _arm(self, kind: str, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expire)
+        self._deadline_kind = kind
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self._deadline_kind = None
+
+    def _expire(self) -> None:
+        self._deadline = self._deadline_kind = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _sync(self) -> None:
+        """Follow the client's side of the exchange: a complete head stops the header deadline
+        and a request body starts the body deadline; a complete body stops that."""
+        state = self.conn.their_state
+        if self._upgraded:
+            self._disarm()
+        elif state is h11.IDLE:
+            if self._deadline_kind == "body":
+                self._disarm()
+        elif state is h11.SEND_BODY:
+            if self._deadline_kind != "body":
+                self._arm("body", self.settings.body_timeout_s + BODY_GRACE_S)
+        else:
+            self._disarm()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                            self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._deadline is None:
+            self._arm("head", self.settings.header_timeout_s)
+        super().data_received(data)
+        self._sync()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._sync()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        self._upgraded = True
+        self._disarm()
+        super().handle_websocket_upgrade(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (bad syntax, a head over MAX_HEADER_BYTES): 400 in the
+        JSON error shape, then close."""
+        body = json.dumps(BadRequest(
+            f"invalid HTTP request ({msg.rstrip('.')}); check the request line and headers "
+            f"(at most {MAX_HEADER_BYTES} bytes)").to_body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+def protocol_for(settings: ServerSettings) -> type[GuardedH11Protocol]:
+    """The protocol class for ``uvicorn.Config(http=...)`` with ``settings``' timeouts."""
+    return type("ServerH11Protocol", (GuardedH11Protocol,), {"settings": settings})
+
+
+def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
+    """uvicorn.Config keywords for ``settings``: protocol, idle timeout, head size."""
+    return {"http": protocol_for(settings), "timeout_keep_alive": settings.idle_timeout_s,
+            "h11_max_incomplete_event_size": MAX_HEADER_BYTES}

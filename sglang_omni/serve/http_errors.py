@@ -1,0 +1,121 @@
+"""Every HTTP answer that is an error is JSON: ``{"error": {"message", "type", "code"}}``.
+
+:func:`install_error_handlers` maps FastAPI's own refusals (404, 405, request validation) to
+``OmniError`` answers, and :class:`JsonServerErrors` (pure ASGI, so it sits inside Starlette's
+plain-text ``ServerErrorMiddleware`` and sees every exception) answers an unexpected exception
+with a generic 500, logging the traceback; internal exception text never reaches a client.
+Refusals that leave a request body unread (408, 413) also close the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sglang_omni.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    NotFound,
+    OmniError,
+    PayloadTooLarge,
+    ServerError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+
+log = logging.getLogger("sglang_omni.serve")
+
+#: Statuses whose answer closes the connection: the body was not (fully) read.
+CLOSE_AFTER = (408, 413)
+GENERIC_500 = ("the server failed this request unexpectedly; the error is logged on the server. "
+               "Retry, and report it if it persists")
+
+_BY_STATUS: dict[int, type[OmniError]] = {400: BadRequest, 401: Unauthorized, 404: NotFound,
+                                          405: MethodNotAllowed, 413: PayloadTooLarge,
+                                          415: UnsupportedMediaType}
+
+
+def http_exception_error(request: Request, exc: HTTPException) -> OmniError:
+    """The OmniError for one of Starlette's HTTPExceptions (its detail only for 4xx)."""
+    if exc.status_code == 404:
+        return NotFound(f"{request.url.path}: no such route on this server; see GET /v1/models "
+                        "and the README for the routes served")
+    if exc.status_code == 405:
+        return MethodNotAllowed(f"{request.method} {request.url.path}: method not allowed; use "
+                                f"{(exc.headers or {}).get('Allow', 'another method')}")
+    cls = _BY_STATUS.get(exc.status_code)
+    if cls is None or exc.status_code >= 500:
+        return ServerError(GENERIC_500)
+    return cls(str(exc.detail))
+
+
+def validation_error(exc: RequestValidationError) -> BadRequest:
+    """400 naming the first invalid field of a FastAPI-validated request."""
+    errors = exc.errors()
+    if not errors:
+        return BadRequest("the request is invalid")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    where = ".".join(loc) or "the request body"
+    return BadRequest(f"{where}: {first.get('msg', 'invalid value')}")
+
+
+def install_error_handlers(app: FastAPI, respond: Callable[[OmniError], Response]) -> None:
+    """Answer FastAPI's own refusals with ``respond`` (the app's OmniError responder) and wrap
+    the app in :class:`JsonServerErrors`."""
+
+    @app.exception_handler(HTTPException)
+    async def _http_exception(request: Request, exc: HTTPException) -> Response:
+        response = respond(http_exception_error(request, exc))
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        return respond(validation_error(exc))
+
+    app.add_middleware(JsonServerErrors)
+
+
+class JsonServerErrors:
+    """Pure ASGI: an exception before the response started becomes a generic JSON 500; one after
+    it ends the response (logged either way). 408/413 answers get ``Connection: close``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] in CLOSE_AFTER:
+                    headers = [h for h in message.get("headers", ())
+                               if h[0].lower() != b"connection"]
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                return
+            body = json.dumps(ServerError(GENERIC_500).to_body()).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

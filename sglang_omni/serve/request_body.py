@@ -1,0 +1,185 @@
+"""Read a JSON request body: the one way every route reads one.
+
+Contract of :func:`read_json_body`, checked in this order, before any work is done:
+
+* the Content-Type is ``application/json`` or ``application/*+json`` (or absent) -> else 415;
+* the body is at most ``server.max_body_bytes`` (Content-Length up front, then counted while it
+  streams, so a chunked or lying body is cut off too) -> else 413;
+* the whole body arrives within ``server.body_timeout_s`` -> else 408;
+* it is UTF-8 JSON without NaN/Infinity and without integer literals over Python's digit
+  limit, nested at most ``server.max_json_depth`` deep -> else 400;
+* every value can cross the stage IPC (msgpack): integers in [-2**63, 2**64), finite floats,
+  strings and keys without lone surrogates -> else 400 naming the field path.
+
+The route's settings are read from ``request.app.state.server_settings`` (a ``ServerSettings``;
+defaults when the app has none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import sys
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from sglang_omni.config.server import ServerSettings
+from sglang_omni.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    RequestTooSlow,
+    UnsupportedMediaType,
+)
+
+INT_MIN = -(2**63)
+INT_MAX = 2**64 - 1
+#: Bodies larger than this are parsed off the event loop.
+THREAD_PARSE_BYTES = 256 * 1024
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+
+
+def settings_of(request: Request) -> ServerSettings:
+    settings = getattr(request.app.state, "server_settings", None)
+    return settings if isinstance(settings, ServerSettings) else ServerSettings()
+
+
+def check_content_type(request: Request) -> None:
+    """415 unless the body is declared JSON (a missing Content-Type is read as JSON)."""
+    value = request.headers.get("content-type")
+    if value is None or not value.strip():
+        return
+    mime = value.split(";", 1)[0].strip().lower()
+    kind, _, subtype = mime.partition("/")
+    if kind == "application" and (subtype == "json" or subtype.endswith("+json")):
+        return
+    raise UnsupportedMediaType(
+        f"Content-Type: {mime or value!r} is not read here; send the request body as JSON with "
+        "Content-Type: application/json (curl: -H 'Content-Type: application/json')")
+
+
+async def read_body(request: Request, settings: ServerSettings) -> bytes:
+    """The raw body; 413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``."""
+    limit = settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTooSlow(
+            f"the request body did not arrive within {settings.body_timeout_s:g} s "
+            "(server.body_timeout_s); send it faster or raise the limit") from None
+    except ClientDisconnect:
+        raise BadRequest("the client closed the connection before sending the whole body") \
+            from None
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the request body is larger than {limit} bytes "
+                           "(server.max_body_bytes); send a smaller body or raise the limit")
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"the request body contains {name}, which is not JSON; send a finite "
+                     "number or null")
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_DIGITS:
+        raise BadRequest(f"the request body contains an integer literal of {digits} digits; "
+                         f"integers have at most {len(str(INT_MAX))} digits here")
+    return int(text)
+
+
+def parse_json(raw: bytes, max_depth: int) -> Any:
+    """Decode ``raw`` and check it with :func:`check_wire_value`; BadRequest (400) otherwise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not valid UTF-8: {exc.reason} at byte "
+                         f"{exc.start}; send UTF-8 JSON") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_int=_parse_int)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep(max_depth) from None
+    except ValueError as exc:  # anything else the decoder refuses
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    check_wire_value(value, max_depth)
+    return value
+
+
+def _too_deep(max_depth: int) -> BadRequest:
+    return BadRequest(f"the request body is nested deeper than {max_depth} levels "
+                      "(server.max_json_depth); flatten it or raise the limit")
+
+
+def _show(text: str) -> str:
+    shown = ascii(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _join(path: str, key: str) -> str:
+    name = key if key.isidentifier() else ascii(key)
+    return f"{path}.{name}" if path else name
+
+
+def check_wire_value(value: Any, max_depth: int) -> None:
+    """400 naming the path of the first value the stage IPC cannot carry, or of nesting deeper
+    than ``max_depth``. Iterative, so any depth is safe to check."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, path, depth = stack.pop()
+        where = path or "the request body"
+        if isinstance(item, bool) or item is None:
+            continue
+        if isinstance(item, int):
+            if not INT_MIN <= item <= INT_MAX:
+                shown = str(item) if abs(item) < 10**40 else f"of {len(str(abs(item)))} digits"
+                raise BadRequest(f"{where}: integer {shown} is out of range; integers must lie "
+                                 f"between {INT_MIN} and {INT_MAX}")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise BadRequest(f"{where}: {item!r} is not a finite number; send a finite "
+                                 "number")
+        elif isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                raise BadRequest(f"{where}: the string {_show(item)} contains a lone UTF-16 "
+                                 "surrogate; send valid Unicode text")
+        elif isinstance(item, dict | list):
+            if depth > max_depth:
+                raise _too_deep(max_depth)
+            if isinstance(item, list):
+                stack.extend(reversed([(v, f"{path}[{i}]", depth + 1)
+                                      for i, v in enumerate(item)]))
+                continue
+            for key in item:
+                if _LONE_SURROGATE.search(key):
+                    raise BadRequest(f"{where}: the key {_show(key)} contains a lone UTF-16 "
+                                     "surrogate; send valid Unicode keys")
+            stack.extend(reversed([(sub, _join(path, key), depth + 1)
+                                   for key, sub in item.items()]))
+
+
+async def read_json_body(request: Request) -> Any:
+    """The checked JSON value of a request's body (see the module contract)."""
+    settings = settings_of(request)
+    check_content_type(request)
+    raw = await read_body(request, settings)
+    if len(raw) > THREAD_PARSE_BYTES:
+        return await asyncio.to_thread(parse_json, raw, settings.max_json_depth)
+    return parse_json(raw, settings.max_json_depth)

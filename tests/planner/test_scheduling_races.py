@@ -1,0 +1,126 @@
+"""``PlannedGenerations`` under many concurrent requests: one generation at a time, the oldest
+queued first, and no orchestration race ever raises into a request.
+
+Fake dispatches (no stages): Reasoner turns and generations sleep 0 or a few milliseconds, so the
+requests' tasks wake in every order; some requests are cancelled at random moments. Each request
+may only end with its result, a 503 from the plan, a receipt, or its cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from sglang_omni.errors import ServiceUnavailable
+from sglang_omni.pipeline.planner import Event, GenerationStarted
+from sglang_omni.pipeline.scheduling import PlannedGenerations
+from sglang_omni.pipeline.umm import DispatchReceipt
+
+
+class Watch:
+    """Checks the stage's invariants as the scheduler drives the planner."""
+
+    def __init__(self, sched: PlannedGenerations) -> None:
+        self.sched = sched
+        self.running: set[str] = set()
+        self.generations = 0
+        self.started: list[str] = []
+        handle = sched.planner.handle
+
+        def checked(event: Event):
+            if isinstance(event, GenerationStarted):
+                plans = sched.planner.plan()
+                queued = [p.request_id for p in plans if p.phase == "queued"]
+                assert queued and queued[0] == event.request_id, (event, plans)  # oldest first
+                assert not any(p.phase == "generating" for p in plans), plans
+                self.started.append(event.request_id)
+            return handle(event)
+
+        sched.planner.handle = checked  # type: ignore[method-assign]
+
+    async def generate(self, rid: str, sleep: float) -> str:
+        # A generation whose request ended (cancelled, failed fast) may still be unwinding.
+        live = {r for r in self.running
+                if r in self.sched.requests and self.sched.requests[r].failure is None}
+        assert not live, f"{rid} runs while {live} run"
+        assert self.started and self.started[-1] == rid, "a generation the scheduler did not start"
+        self.running.add(rid)
+        try:
+            await asyncio.sleep(sleep)
+        finally:
+            self.running.discard(rid)
+        self.generations += 1
+        return f"media of {rid}"
+
+
+async def one_request(sched: PlannedGenerations, watch: Watch, rid: str, rng: random.Random,
+                      sleeps: tuple[float, ...]) -> str:
+    sched.admit(rid)
+    try:
+        for _ in range(rng.randint(1, 4)):
+            await sched.reasoner_turn(rid, lambda: asyncio.sleep(rng.choice(sleeps)))
+            try:
+                await sched.generation(rid, rng.choice(["image", "video"]),
+                                       lambda: watch.generate(rid, rng.choice(sleeps)))
+            except DispatchReceipt:
+                break
+        await sched.reasoner_turn(rid, lambda: asyncio.sleep(rng.choice(sleeps)))
+        return "completed"
+    finally:
+        sched.release(rid)
+
+
+async def scenario(seed: int, clients: int, sleeps: tuple[float, ...], timeout_s: float,
+                   cancel_share: float) -> dict[str, int]:
+    rng = random.Random(seed)
+    sched = PlannedGenerations(timeout_s=timeout_s, max_generations=8)
+    watch = Watch(sched)
+    tasks = []
+    for i in range(clients):
+        tasks.append(asyncio.create_task(one_request(sched, watch, f"r{i}", rng, sleeps)))
+        if rng.random() < 0.3:
+            await asyncio.sleep(0)
+    for task in tasks:
+        if rng.random() < cancel_share:
+            asyncio.get_running_loop().call_later(rng.choice((0, 0.001, 0.005, 0.02)),
+                                                  task.cancel)
+    outcomes: dict[str, int] = {}
+    for result in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(result, asyncio.CancelledError):
+            kind = "cancelled"
+        elif isinstance(result, ServiceUnavailable):
+            kind = "503"
+        elif isinstance(result, BaseException):
+            raise result  # anything else is a race raised into a request
+        else:
+            kind = result
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+    assert not sched.requests and sched.planner.active == 0
+    assert sched.planner.next_generation() is None
+    assert watch.generations > 0
+    return outcomes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_concurrent_requests_with_near_instant_dispatches_all_complete(seed: int) -> None:
+    outcomes = asyncio.run(scenario(seed, clients=48, sleeps=(0.0, 0.0, 0.0005), timeout_s=3600,
+                                    cancel_share=0))
+    assert outcomes == {"completed": 48}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mixed_sleeps_and_cancellations_never_break_the_plan(seed: int) -> None:
+    outcomes = asyncio.run(scenario(seed, clients=40, sleeps=(0.0, 0.0, 0.001, 0.003),
+                                    timeout_s=3600, cancel_share=0.3))
+    assert set(outcomes) <= {"completed", "cancelled"}
+    assert outcomes.get("completed", 0) > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_overloaded_plan_fails_fast_or_refuses_but_never_races(seed: int) -> None:
+    # 0.3 s deadlines cannot hold 30 requests of up to 4 generations of up to 10 ms each.
+    outcomes = asyncio.run(scenario(seed, clients=30, sleeps=(0.0, 0.002, 0.01),
+                                    timeout_s=0.3, cancel_share=0.2))
+    assert set(outcomes) <= {"completed", "cancelled", "503"}

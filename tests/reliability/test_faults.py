@@ -1,0 +1,279 @@
+"""Stage faults with requests in flight: ``kill -9`` (as the OOM killer does) and ``SIGSTOP``
+(a frozen stage) of each stage of the interleaved, text-only chat and direct generation
+servers. Each in-flight request ends within 2 s (plus the stall time for SIGSTOP) with a clear
+error naming the stage, the stage restarts (``/health`` back to 200 "ok" with a new pid), the
+next request succeeds, no temp file is left, and after a graceful stop no process is left.
+
+The servers run with quick supervision: a 0.2 s heartbeat, a 1 s stall time, a 0.2 s restart
+backoff and room for 10 restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.reliability.kit import (
+    SMALL,
+    TrackedServer,
+    error_shape_problem,
+    healthy,
+    parse_sse,
+    script,
+    tracked_server,
+)
+from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM
+
+STALL_S = 1.0
+END_WITHIN_S = 2.0  # after the kill; after the stall time for SIGSTOP
+RESTART_WITHIN_S = 20.0
+
+
+def supervision(*stages: str) -> list[str]:
+    flags = []
+    for stage in stages:
+        for key, value in (("heartbeat_interval_s", "0.2"), ("stall_timeout_s", str(STALL_S)),
+                           ("restart_backoff_s", "0.2"), ("max_restarts", "10"),
+                           ("restart_window_s", "600")):
+            flags += [f"--{stage}.factory.{key}", value]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def umm_faults() -> Iterator[TrackedServer]:
+    with tracked_server(*SCRIPTED_UMM, *supervision("reasoner", "generation")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def chat_faults() -> Iterator[TrackedServer]:
+    with tracked_server(*SCRIPTED_CHAT, *supervision("reasoner")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def direct_faults() -> Iterator[TrackedServer]:
+    with tracked_server(*SCRIPTED_GENERATION, *supervision("generation")) as srv:
+        yield srv
+
+
+# --- in-flight requests ----------------------------------------------------------------------
+IN_REASONER = script({"action": "final", "text": "never", "delay_s": 60})
+IN_GENERATION = script({"action": "image", "prompt": "!sleep=60 held"},
+                       {"action": "final", "text": "never"})
+GEN = {"generation": SMALL}
+
+
+@dataclass
+class InFlight:
+    """One request running in a thread; ``ended`` is the monotonic time its answer ended."""
+
+    label: str
+    route: str
+    body: dict[str, Any]
+    status: int | None = None
+    text: str = ""
+    ended: float | None = None
+
+    def start(self, url: str) -> threading.Thread:
+        def run() -> None:
+            try:
+                with httpx.Client(timeout=60) as http:
+                    resp = http.post(url + self.route, json=self.body)
+                self.status, self.text = resp.status_code, resp.text
+            except httpx.HTTPError as exc:
+                self.text = f"transport error {exc!r}"
+            self.ended = time.monotonic()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def problem(self, stage: str, signalled: float, bound: float) -> str | None:
+        """None if the request ended in time with a clear error naming ``stage``."""
+        if self.ended is None or self.ended - signalled > bound:
+            took = "never" if self.ended is None else f"{self.ended - signalled:.2f} s"
+            return f"{self.label}: did not end within {bound:g} s (ended: {took})"
+        error: Any = None
+        if self.status == 200 and self.body.get("stream"):
+            events = parse_sse(self.text)
+            if not events or events[-1][1] != "[DONE]":
+                return f"{self.label}: stream not ended by [DONE]: {self.text[-300:]!r}"
+            errors = [d if e == "error" else d.get("error") for e, d in events[:-1]
+                      if e == "error" or isinstance(d, dict) and "error" in d]
+            if len(errors) != 1:
+                return f"{self.label}: expected one error in the stream: {self.text[-300:]!r}"
+            error = errors[0]
+        elif self.status in (500, 503):
+            body = json.loads(self.text)
+            if error_shape_problem(body) is not None:
+                return f"{self.label}: {error_shape_problem(body)}"
+            error = body["error"]
+        else:
+            return f"{self.label}: status {self.status}: {self.text[:300]}"
+        if error.get("code") not in (500, 503) or stage not in str(error.get("message")).lower():
+            return f"{self.label}: the error does not name the {stage} stage: {error!r}"
+        return None
+
+
+def in_flight(kind: str, stage: str) -> list[InFlight]:
+    """The requests to have running when ``stage`` of a ``kind`` server fails."""
+    if kind == "chat":
+        messages = [{"role": "user", "content": IN_REASONER}]
+        return [InFlight("chat", "/v1/chat/completions", {"messages": messages}),
+                InFlight("chat stream", "/v1/chat/completions",
+                         {"messages": messages, "stream": True})]
+    prompts = [IN_GENERATION] + ([IN_REASONER] if stage == "reasoner" else [])
+    out = []
+    for prompt in prompts:
+        where = "in generation" if prompt is IN_GENERATION else "in a Reasoner turn"
+        out += [InFlight(f"/generate {where}", "/generate",
+                         {"prompt": prompt, "stage_params": GEN}),
+                InFlight(f"/generate stream {where}", "/generate",
+                         {"prompt": prompt, "stage_params": GEN, "stream": True}),
+                InFlight(f"chat stream {where}", "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": prompt}],
+                          "stage_params": GEN, "stream": True})]
+    return out
+
+
+def start_video_job(server: TrackedServer) -> str:
+    resp = httpx.post(f"{server.url}/v1/videos", json={
+        "prompt": "!sleep=60 held", "size": "32x32", "num_frames": 3}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["id"]
+
+
+def video_job_problem(server: TrackedServer, video_id: str, stage: str, signalled: float,
+                      bound: float) -> str | None:
+    while True:
+        job = httpx.get(f"{server.url}/v1/videos/{video_id}", timeout=5).json()
+        if job["status"] == "failed":
+            break
+        if time.monotonic() - signalled > bound:
+            return f"video job still {job['status']} {bound:g} s after the fault"
+        time.sleep(0.05)
+    if stage not in str(job["error"]).lower():
+        return f"the video job's error does not name the {stage} stage: {job['error']!r}"
+    return None
+
+
+def next_request(kind: str, stage: str, server: TrackedServer) -> str | None:
+    """None if a request using the restarted ``stage`` succeeds."""
+    try:
+        if kind == "direct":
+            resp = httpx.post(f"{server.url}/v1/images/generations",
+                              json={"prompt": "after", "size": "32x32"}, timeout=20)
+        elif kind == "chat":
+            resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=20,
+                              json={"messages": [{"role": "user", "content": "after"}]})
+        else:
+            entries = [{"action": "image", "prompt": "after"}] if stage == "generation" else []
+            resp = httpx.post(f"{server.url}/generate", timeout=20, json={
+                "prompt": script(*entries, {"action": "final", "text": "ok"}),
+                "stage_params": GEN})
+    except httpx.HTTPError as exc:
+        return f"the next request failed: {exc!r}"
+    if resp.status_code != 200:
+        return f"the next request got {resp.status_code}: {resp.text[:300]}"
+    return None
+
+
+def wait_restarted(server: TrackedServer, stage: str, old_pid: int) -> str | None:
+    deadline = time.monotonic() + RESTART_WITHIN_S
+    while time.monotonic() < deadline:
+        try:
+            pid = server.server.stage_pid(stage)
+        except (httpx.HTTPError, KeyError, ValueError):
+            pid = None
+        if pid not in (None, old_pid) and healthy(server.server):
+            return None
+        time.sleep(0.1)
+    health = httpx.get(f"{server.url}/health", timeout=5)
+    return f"the {stage} stage did not come back within {RESTART_WITHIN_S:g} s: " \
+           f"{health.status_code} {health.text}"
+
+
+def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> None:
+    baseline = server.temp_files()
+    requests = in_flight(kind, stage) if kind != "direct" else []
+    threads = [r.start(server.url) for r in requests]
+    video_id = start_video_job(server) if kind == "direct" else None
+    time.sleep(1.0)  # every request reached its stage
+    assert all(r.ended is None for r in requests), [(r.label, r.status, r.text[:200])
+                                                     for r in requests if r.ended is not None]
+    pid = server.server.stage_pid(stage)
+    server.remember()
+    signalled = time.monotonic()
+    os.kill(pid, sig)
+    bound = END_WITHIN_S + (STALL_S if sig == signal.SIGSTOP else 0)
+    for thread in threads:  # they are left running (daemons) if they do not end
+        thread.join(max(0.0, signalled + bound + 2 - time.monotonic()))
+    problems = [p for r in requests if (p := r.problem(stage, signalled, bound)) is not None]
+    if video_id is not None:
+        problem = video_job_problem(server, video_id, stage, signalled, bound)
+        if problem is not None:
+            problems.append(problem)
+    restarted = wait_restarted(server, stage, pid)
+    server.remember()
+    if restarted is not None:
+        problems.append(restarted)
+    elif (after := next_request(kind, stage, server)) is not None:
+        problems.append(after)
+    left = sorted(set(server.temp_files()) - set(baseline))
+    if left:
+        problems.append(f"temp files left: {left}")
+    assert not problems, f"{sig.name} of the {stage} stage:\n" + "\n".join(
+        f"- {p}" for p in problems)
+
+
+def no_orphans_or_temp_files(server: TrackedServer) -> None:
+    orphans = server.graceful_stop()
+    left = server.temp_files(sockets=True)
+    assert not orphans, f"processes left after the server stopped: {orphans}"
+    assert not left, f"temp files left after the server stopped: {left}"
+
+
+SIGNALS = [signal.SIGKILL, signal.SIGSTOP]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", SIGNALS, ids=["kill-9", "sigstop"])
+@pytest.mark.parametrize("stage", ["generation", "reasoner"])
+def test_interleaved_stage_fault(umm_faults: TrackedServer, stage: str,
+                                 sig: signal.Signals) -> None:
+    fault("umm", umm_faults, stage, sig)
+
+
+def test_interleaved_server_leaves_nothing_behind(umm_faults: TrackedServer) -> None:
+    no_orphans_or_temp_files(umm_faults)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", SIGNALS, ids=["kill-9", "sigstop"])
+def test_text_chat_reasoner_fault(chat_faults: TrackedServer, sig: signal.Signals) -> None:
+    fault("chat", chat_faults, "reasoner", sig)
+
+
+def test_text_chat_server_leaves_nothing_behind(chat_faults: TrackedServer) -> None:
+    no_orphans_or_temp_files(chat_faults)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", SIGNALS, ids=["kill-9", "sigstop"])
+def test_direct_video_job_generation_fault(direct_faults: TrackedServer,
+                                           sig: signal.Signals) -> None:
+    fault("direct", direct_faults, "generation", sig)
+
+
+def test_direct_server_leaves_nothing_behind(direct_faults: TrackedServer) -> None:
+    no_orphans_or_temp_files(direct_faults)

@@ -1,0 +1,114 @@
+"""Helpers for the supervision tests: fast restart flags, fault injection, health polling."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.server import Server
+
+HTTP = httpx.Client(timeout=30)
+ENDS_WITHIN_S = 5.0  # the issue asks for ~2 s; generous for a shared, noisy machine
+BACK_WITHIN_S = 30.0
+
+
+def fast(*stages: str, stall_s: float = 30.0, restarts: int = 3) -> list[str]:
+    """Flags: a short restart backoff, a quick heartbeat and ``stall_s`` for ``stages``."""
+    flags: list[str] = []
+    for stage in stages:
+        flags += [f"--{stage}.factory.restart_backoff_s", "1",
+                  f"--{stage}.factory.heartbeat_interval_s", "0.2",
+                  f"--{stage}.factory.stall_timeout_s", str(stall_s),
+                  f"--{stage}.factory.max_restarts", str(restarts)]
+    return flags
+
+
+class InFlight:
+    """Runs ``send()`` on a thread; ``ended`` is when it returned."""
+
+    def __init__(self, send: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.ended = 0.0
+        self._thread = threading.Thread(target=self._run, args=(send,), daemon=True)
+        self._thread.start()
+
+    def _run(self, send: Callable[[], Any]) -> None:
+        try:
+            self.result = send()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+        self.ended = time.monotonic()
+
+    def wait(self, timeout: float = 60) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the request did not end"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def health(server: Server) -> httpx.Response:
+    return HTTP.get(f"{server.url}/health", timeout=5)
+
+
+def wait_health(server: Server, status: str, timeout: float = BACK_WITHIN_S) -> dict:
+    """Poll /health until its status is ``status``; the body."""
+    deadline = time.monotonic() + timeout
+    body: dict = {}
+    while time.monotonic() < deadline:
+        body = health(server).json()
+        if body["status"] == status:
+            return body
+        time.sleep(0.02)
+    raise AssertionError(f"/health never said {status!r}; last: {body}")
+
+
+def wait_jobs(server: Server, stage: str, submitted: int, timeout: float = 10) -> None:
+    """Wait until the stage has been sent ``submitted`` jobs (the request is in flight)."""
+    needle = f'sgl_omni_stage_jobs_total{{outcome="submitted",stage="{stage}"}} '
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in HTTP.get(f"{server.url}/metrics").text.splitlines():
+            if line.startswith(needle) and float(line[len(needle):]) >= submitted:
+                time.sleep(0.2)  # let the stage start the job
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"{stage} never got {submitted} job(s)")
+
+
+def restarts(server: Server, stage: str) -> float:
+    text = HTTP.get(f"{server.url}/metrics").text
+    match = re.search(rf'^sgl_omni_stage_restarts_total\{{stage="{stage}"\}} (\S+)$', text, re.M)
+    assert match, "no sgl_omni_stage_restarts_total in /metrics"
+    return float(match[1])
+
+
+def signal_stage(server: Server, stage: str, sig: int) -> tuple[int, float]:
+    """Send ``sig`` to the stage process; (its pid, when)."""
+    pid = server.stage_pid(stage)
+    os.kill(pid, sig)
+    return pid, time.monotonic()
+
+
+def process_tree(server: Server) -> set[int]:
+    return {p.pid for p in server.descendants() if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def assert_gone(pids: set[int]) -> None:
+    """Every process of ``pids`` has exited (none left running or stopped)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"orphan processes left: {alive}")

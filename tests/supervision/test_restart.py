@@ -1,0 +1,252 @@
+"""Stage supervision over HTTP: a stage killed (kill -9) or frozen (SIGSTOP) with a request in
+flight fails that request at once with a clear error, /health says so (503), the stage is
+restarted with no person, the next request succeeds, no process is left behind and /metrics
+counts the restart. A stage past its restart budget leaves the server unhealthy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM, Server
+from tests.supervision.kit import (
+    ENDS_WITHIN_S,
+    HTTP,
+    InFlight,
+    assert_gone,
+    fast,
+    health,
+    process_tree,
+    restarts,
+    signal_stage,
+    wait_health,
+    wait_jobs,
+)
+from tests.umm.kit import (
+    final,
+    image,
+    only,
+    parse_sse,
+    post_generate,
+    script,
+    stream_generate,
+)
+
+SMALL = {"width": 32, "height": 32}
+SLOW_TURN = script(final("late", delay_s=30))
+SLOW_GENERATION = script(image("!sleep=30 slow"), final("never"))
+CHAT_SLOW = '<omni-script>[{"action": "final", "text": "late", "delay_s": 30}]</omni-script>'
+
+
+def chat_body(content: str, stream: bool = False) -> dict:
+    return {"stream": stream, "messages": [{"role": "user", "content": content}]}
+
+
+def post_chat(server: Server, body: dict) -> tuple[int, str]:
+    resp = HTTP.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    return resp.status_code, resp.text
+
+
+def sse_error(raw: str) -> dict:
+    """The error of a stream that must end with an error event, then [DONE]."""
+    events = parse_sse(raw)
+    assert events[-1] == ("message", "[DONE]"), events
+    errors = [data for _, data in events if isinstance(data, dict) and "error" in data]
+    assert errors, events
+    return errors[-1]["error"]
+
+
+def recovers(server: Server, stage: str, old_tree: set[int], count: int) -> None:
+    """The stage comes back by itself; the old process tree is gone, as many processes run
+    as before, and /metrics counts ``count`` restarts of the stage."""
+    body = wait_health(server, "ok")
+    assert body["stages"][stage]["restarts"] == count
+    assert restarts(server, stage) == count
+    assert_gone(old_tree - process_tree(server))
+    assert len(process_tree(server)) == len(old_tree)
+
+
+def refused_while_restarting(server: Server, stage: str) -> None:
+    resp = health(server)
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["status"] in ("restarting", "stalled")
+    assert resp.json()["stages"][stage]["status"] in ("restarting", "stalled")
+    assert resp.headers.get("retry-after")
+
+
+# --- interleaved ---------------------------------------------------------------------------------
+def test_kill_9_reasoner_mid_turn_fails_fast_then_restarts() -> None:
+    with Server(*SCRIPTED_UMM, "--reasoner.factory.children", "1",
+                *fast("reasoner", "generation")) as server:
+        tree = process_tree(server)
+        flight = InFlight(lambda: post_generate(server, {"prompt": SLOW_TURN}))
+        wait_jobs(server, "reasoner", 1)
+        _, killed = signal_stage(server, "reasoner", signal.SIGKILL)
+        resp = flight.wait()
+        assert flight.ended - killed < ENDS_WITHIN_S
+        assert resp.status_code == 500, resp.text
+        error = resp.json()["error"]
+        assert error["type"] == "server_error"
+        assert "reasoner stage process exited" in error["message"]
+        assert "restarting" in error["message"]
+        refused_while_restarting(server, "reasoner")
+        again = post_generate(server, {"prompt": script(final("x"))})  # refused, told to retry
+        assert again.status_code == 503, again.text
+        assert "restarting" in again.json()["error"]["message"]
+        assert again.headers.get("retry-after")
+        recovers(server, "reasoner", tree, 1)
+        ok = post_generate(server, {"prompt": script(final("back"))})
+        assert ok.status_code == 200, ok.text
+
+
+def test_kill_9_generation_mid_stream_fails_fast_then_restarts() -> None:
+    with Server(*SCRIPTED_UMM, *fast("reasoner", "generation")) as server:
+        tree = process_tree(server)
+        body = {"prompt": SLOW_GENERATION, "stage_params": {"generation": SMALL}}
+        flight = InFlight(lambda: stream_generate(server, body))
+        wait_jobs(server, "generation", 1)
+        queued = InFlight(lambda: post_generate(server, body))  # waits in the planner's queue
+        wait_jobs(server, "reasoner", 2)
+        _, killed = signal_stage(server, "generation", signal.SIGKILL)
+        status, events = flight.wait()
+        assert flight.ended - killed < ENDS_WITHIN_S
+        resp = queued.wait()
+        assert queued.ended - killed < ENDS_WITHIN_S
+        assert resp.status_code == 500, resp.text
+        assert "generation stage process exited" in resp.json()["error"]["message"]
+        assert status == 200
+        assert events[-1] == ("message", "[DONE]"), events
+        error = only(events, "error")
+        assert error["code"] == 500 and "generation stage process exited" in error["message"]
+        refused_while_restarting(server, "generation")
+        recovers(server, "generation", tree, 1)
+        # the planner kept nothing of the failed requests: generations run again
+        for _ in range(2):
+            ok = post_generate(server, {"prompt": script(image("p"), final("done")),
+                                        "stage_params": {"generation": SMALL}})
+            assert ok.status_code == 200, ok.text
+
+
+def test_reasoner_death_fails_generating_and_queued_requests_at_once() -> None:
+    """Defect 7: requests running or queued for a generation fail when the Reasoner dies, not
+    at their next Reasoner turn."""
+    with Server(*SCRIPTED_UMM, *fast("reasoner", "generation")) as server:
+        body = {"prompt": SLOW_GENERATION, "stage_params": {"generation": SMALL}}
+        running = InFlight(lambda: post_generate(server, body))
+        wait_jobs(server, "generation", 1)
+        queued = InFlight(lambda: stream_generate(server, body))
+        wait_jobs(server, "reasoner", 2)  # its first turn ran; it waits for the generation
+        _, killed = signal_stage(server, "reasoner", signal.SIGKILL)
+        resp = running.wait()
+        status, events = queued.wait()
+        assert running.ended - killed < ENDS_WITHIN_S
+        assert queued.ended - killed < ENDS_WITHIN_S
+        assert resp.status_code == 500, resp.text
+        assert "reasoner stage process exited" in resp.json()["error"]["message"]
+        error = only(events, "error")
+        assert error["code"] == 500 and "reasoner stage process exited" in error["message"]
+        wait_health(server, "ok")
+        ok = post_generate(server, {"prompt": script(image("p"), final("done")),
+                                    "stage_params": {"generation": SMALL}})
+        assert ok.status_code == 200, ok.text
+
+
+def test_frozen_generation_is_reported_failed_and_restarted() -> None:
+    """Defect 9: a SIGSTOPped stage stops answering its heartbeat: /health says so, its
+    request fails, the frozen process is killed and the stage restarted."""
+    with Server(*SCRIPTED_UMM, "--generation.factory.children", "1",
+                *fast("reasoner", "generation", stall_s=1.0)) as server:
+        tree = process_tree(server)
+        body = {"prompt": SLOW_GENERATION, "stage_params": {"generation": SMALL}}
+        flight = InFlight(lambda: post_generate(server, body))
+        wait_jobs(server, "generation", 1)
+        pid, stopped = signal_stage(server, "generation", signal.SIGSTOP)
+        try:
+            resp = flight.wait()
+            assert flight.ended - stopped < 1.0 + ENDS_WITHIN_S
+            assert resp.status_code == 500, resp.text
+            assert "generation stage stopped answering" in resp.json()["error"]["message"]
+            refused_while_restarting(server, "generation")
+            recovers(server, "generation", tree, 1)
+        finally:
+            signal_stage_if_alive(pid)
+        ok = post_generate(server, {"prompt": script(image("p"), final("done")),
+                                    "stage_params": {"generation": SMALL}})
+        assert ok.status_code == 200, ok.text
+
+
+def signal_stage_if_alive(pid: int) -> None:
+    """Let a stopped stage go on (when the test failed before it was killed)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+# --- text-only chat ------------------------------------------------------------------------------
+def test_chat_reasoner_killed_then_frozen_restarts_each_time() -> None:
+    with Server(*SCRIPTED_CHAT, *fast("reasoner", stall_s=1.0)) as server:
+        tree = process_tree(server)
+        flight = InFlight(lambda: post_chat(server, chat_body(CHAT_SLOW, stream=True)))
+        wait_jobs(server, "reasoner", 1)
+        _, killed = signal_stage(server, "reasoner", signal.SIGKILL)
+        status, raw = flight.wait()
+        assert flight.ended - killed < ENDS_WITHIN_S
+        assert status == 200
+        error = sse_error(raw)
+        assert error["code"] == 500 and "reasoner stage process exited" in error["message"]
+        recovers(server, "reasoner", tree, 1)
+        assert post_chat(server, chat_body("hi"))[0] == 200
+
+        tree = process_tree(server)
+        flight = InFlight(lambda: post_chat(server, chat_body(CHAT_SLOW)))
+        wait_jobs(server, "reasoner", 2)
+        pid, stopped = signal_stage(server, "reasoner", signal.SIGSTOP)
+        try:
+            status, raw = flight.wait()
+            assert flight.ended - stopped < 1.0 + ENDS_WITHIN_S
+            assert status == 500, raw
+            assert "reasoner stage stopped answering" in json.loads(raw)["error"]["message"]
+            refused_while_restarting(server, "reasoner")
+            recovers(server, "reasoner", tree, 2)
+        finally:
+            signal_stage_if_alive(pid)
+        assert post_chat(server, chat_body("hi"))[0] == 200
+
+
+def test_restart_budget_exceeded_leaves_the_server_unhealthy() -> None:
+    with Server(*SCRIPTED_CHAT, *fast("reasoner", restarts=1)) as server:
+        signal_stage(server, "reasoner", signal.SIGKILL)
+        wait_health(server, "restarting")
+        wait_health(server, "ok")
+        signal_stage(server, "reasoner", signal.SIGKILL)
+        body = wait_health(server, "unhealthy")
+        assert body["stages"]["reasoner"]["status"] == "exited"
+        time.sleep(1.5)  # well past the backoff: nothing restarts it
+        resp = health(server)
+        assert resp.status_code == 503 and resp.json()["status"] == "unhealthy"
+        status, raw = post_chat(server, chat_body("hi"))
+        assert status == 503
+        assert "needs a restart" in json.loads(raw)["error"]["message"]
+        assert restarts(server, "reasoner") == 1
+        assert "max_restarts" in server.log()
+
+
+# --- direct generation ---------------------------------------------------------------------------
+def test_direct_generation_stage_killed_fails_fast_then_restarts() -> None:
+    with Server(*SCRIPTED_GENERATION, *fast("generation")) as server:
+        tree = process_tree(server)
+        flight = InFlight(lambda: HTTP.post(f"{server.url}/v1/images/generations", json={
+            "prompt": "!sleep=30 cube", "size": "32x32"}, timeout=60))
+        wait_jobs(server, "generation", 1)
+        _, killed = signal_stage(server, "generation", signal.SIGKILL)
+        resp = flight.wait()
+        assert flight.ended - killed < ENDS_WITHIN_S
+        assert resp.status_code == 500, resp.text
+        assert "generation stage process exited" in resp.json()["error"]["message"]
+        recovers(server, "generation", tree, 1)
+        ok = HTTP.post(f"{server.url}/v1/images/generations",
+                       json={"prompt": "cube", "size": "32x32"}, timeout=60)
+        assert ok.status_code == 200, ok.text

@@ -1,0 +1,60 @@
+"""Connection timeouts over raw sockets: idle, slow headers and slow bodies are cut off (the
+shared server sets each timeout to 1 s)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.server import Server
+from tests.wire.kit import connect, read_until_closed
+
+LIMIT_S = 10  # generous: the server's timeouts are 1 s (2 s more for the body backstop)
+
+
+def test_a_connection_that_sends_nothing_is_closed(limited: Server) -> None:
+    with connect(limited.url) as sock:
+        data, _ = read_until_closed(sock, LIMIT_S)
+    assert data == b""
+
+
+def test_slow_headers_are_cut_off(limited: Server) -> None:
+    with connect(limited.url) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")
+        data, _ = read_until_closed(sock, LIMIT_S)
+    assert b"200" not in data
+
+
+def test_a_slow_body_gets_408_and_the_connection_is_closed(limited: Server) -> None:
+    with connect(limited.url) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        data, _ = read_until_closed(sock, LIMIT_S)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), data[:200]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == 408
+
+
+def test_a_body_no_route_reads_is_cut_off_too(limited: Server) -> None:
+    with connect(limited.url) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        data, _ = read_until_closed(sock, LIMIT_S)
+    assert data.startswith(b"HTTP/1.1 404")
+
+
+def test_keep_alive_serves_then_closes_when_idle(limited: Server) -> None:
+    with connect(limited.url) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        data, _ = read_until_closed(sock, LIMIT_S)
+    assert data.startswith(b"HTTP/1.1 200")
+
+
+def test_an_oversized_or_broken_head_is_400_json(limited: Server) -> None:
+    endless = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000  # never ends
+    for head in (endless, b"NOT HTTP AT ALL\r\n\r\n"):
+        with connect(limited.url) as sock:
+            sock.sendall(head)
+            data, _ = read_until_closed(sock, LIMIT_S)
+        head_out, _, body = data.partition(b"\r\n\r\n")
+        assert head_out.startswith(b"HTTP/1.1 400"), data[:200]
+        assert json.loads(body)["error"]["code"] == 400

@@ -1,0 +1,127 @@
+"""Request bodies: size (413), type (415), JSON safety (400) and what the stage IPC cannot carry
+(400 naming the field, before any work: defect 1 hung these requests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server import Server
+from tests.wire.kit import HELLO, HTTP, error_of, post_raw
+
+MiB = 2**20
+
+
+def test_body_over_the_limit_is_413_by_content_length(limited: Server) -> None:
+    resp = post_raw(f"{limited.url}/generate", b" " * (MiB + 10))
+    assert resp.status_code == 413 and resp.headers["connection"] == "close"
+    assert "max_body_bytes" in error_of(resp)["message"]
+
+
+def test_chunked_body_over_the_limit_is_cut_off(limited: Server) -> None:
+    def chunks():  # no Content-Length: the server must count
+        for _ in range(24):
+            yield b" " * 65536
+
+    resp = HTTP.post(f"{limited.url}/v1/chat/completions", content=chunks(),
+                     headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+    assert "max_body_bytes" in error_of(resp)["message"]
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/chat/completions"])
+@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x",
+                                          "application/x-www-form-urlencoded"])
+def test_non_json_bodies_are_415(limited: Server, route: str, content_type: str) -> None:
+    resp = post_raw(f"{limited.url}{route}", b'{"prompt": "hi"}',
+                    headers={"content-type": content_type})
+    assert resp.status_code == 415
+    assert "application/json" in error_of(resp)["message"]
+
+
+def test_json_content_types_and_none_are_read(limited: Server) -> None:
+    for headers in ({"content-type": "application/json; charset=utf-8"},
+                    {"content-type": "application/vnd.omni+json"}):
+        resp = post_raw(f"{limited.url}/v1/chat/completions", b'{"messages": 1}', headers)
+        assert resp.status_code == 400 and "messages" in error_of(resp)["message"]
+    resp = HTTP.post(f"{limited.url}/v1/chat/completions", content=b'{"messages": 1}')
+    assert resp.status_code == 400 and "messages" in error_of(resp)["message"]
+
+
+@pytest.mark.parametrize("levels", [100_000, 1000, 65])
+def test_deep_nesting_is_400(limited: Server, levels: int) -> None:
+    body = b'{"prompt": "hi", "stage_params": {"reasoner": ' + b"[" * levels + b"]" * levels \
+        + b"}}"
+    resp = post_raw(f"{limited.url}/generate", body)
+    assert resp.status_code == 400
+    assert "max_json_depth" in error_of(resp)["message"]
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}", "5000 digits"),
+    (b'{"prompt": "hi", "temperature": NaN}', "NaN"),
+    (b'{"prompt": "hi", "temperature": -Infinity}', "Infinity"),
+    (b'{"prompt": "hi", "temperature": 1e999}', "temperature: inf"),
+    (b'{"prompt": "hi"', "not valid JSON"),
+    (b'{"prompt": "\xff"}', "not valid UTF-8"),
+])
+def test_unsafe_json_is_400(limited: Server, body: bytes, says: str) -> None:
+    resp = post_raw(f"{limited.url}/generate", body)
+    assert resp.status_code == 400
+    assert says in error_of(resp)["message"]
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/chat/completions"])
+@pytest.mark.parametrize("field, value, says", [
+    ("seed", b"18446744073709551616", "seed: integer 18446744073709551616 is out of range"),
+    ("seed", b"-9223372036854775809", "seed: integer -9223372036854775809 is out of range"),
+    ("stage_params", b'{"generation": {"seed": 18446744073709551616}}',
+     "stage_params.generation.seed: integer"),
+    ("stage_params", b'{"generation": {"negative_prompt": "\\udc00"}}',
+     "stage_params.generation.negative_prompt: the string"),
+    ("model", b'"\\ud800"', "model: the string"),
+    ("user", b'{"\\ud800": 1}', "user: the key"),
+])
+def test_values_the_stage_wire_cannot_carry_are_400(limited: Server, route: str, field: str,
+                                                    value: bytes, says: str) -> None:
+    """Defect 1's repro: today this hangs until the request times out (a short client timeout
+    makes the test fail fast)."""
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "' + field.encode() + b'": ' \
+        + value + b"}"
+    resp = post_raw(f"{limited.url}{route}", body, timeout=10)
+    assert resp.status_code == 400, resp.text
+    assert says in error_of(resp)["message"]
+
+
+def test_generate_seed_repro_and_the_server_serves_after(limited: Server) -> None:
+    resp = post_raw(f"{limited.url}/generate", b'{"prompt":"hi","seed":18446744073709551616}',
+                    timeout=10)
+    assert resp.status_code == 400
+    assert error_of(resp)["message"].startswith("seed: integer 18446744073709551616")
+    resp = HTTP.post(f"{limited.url}/generate", json={"prompt": "hi", "seed": 2**64 - 1})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'{"prompt": "\\ud800 hi"}', "prompt: the string"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content: the str"),
+    (b'{"prompt": "hi", "\\udfff": 1}', "the key"),
+])
+def test_lone_surrogates_are_400(limited: Server, body: bytes, says: str) -> None:
+    resp = post_raw(f"{limited.url}/generate", body, timeout=10)
+    assert resp.status_code == 400
+    assert says in error_of(resp)["message"]
+
+
+@pytest.mark.parametrize("field, value", [("n", True), ("max_tokens", True), ("top_k", 1.5),
+                                          ("temperature", "hot")])
+def test_number_fields_refuse_booleans_and_strings(limited: Server, field: str,
+                                                   value: object) -> None:
+    resp = HTTP.post(f"{limited.url}/v1/chat/completions", json={**HELLO, field: value})
+    assert resp.status_code == 400
+    assert error_of(resp)["message"].startswith(f"{field}: expected")
+
+
+def test_good_unicode_and_big_valid_integers_pass(limited: Server) -> None:
+    body = '{"prompt": "hi \\ud83d\\ude00 é", "seed": 18446744073709551615}'.encode()
+    resp = post_raw(f"{limited.url}/generate", body)
+    assert resp.status_code == 200, resp.text
