@@ -257,11 +257,19 @@ class Orchestrator:
         if self.controller is not None:
             self.scheduler.release(rid)
 
+    def end_interleaved(self, run: UMMRun) -> None:
+        """Close an admitted run and release its admission; idempotent. The HTTP layer calls
+        it when the response ends, since a client gone before ``interleaved_events`` first ran
+        leaves that iterator unstarted (closing it then runs none of its cleanup)."""
+        if run.request.rid not in self.active:
+            return
+        run.close()
+        self.release(run.request.rid)
+
     async def interleaved_events(self, run: UMMRun) -> AsyncIterator[Segment | Complete]:
         """Drive an admitted run; releases its admission when the iterator ends."""
         try:
             async for event in run.events():
                 yield event
         finally:
-            run.close()
-            self.release(run.request.rid)
+            self.end_interleaved(run)

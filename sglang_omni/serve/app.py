@@ -124,14 +124,14 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         events = orchestrator.interleaved_events(run)
         if stream_form is not None:
             return sse_response(stream_form(events), config.server.sse_keepalive_s,
-                                background=BackgroundTask(orchestrator.release,
-                                                          run.request.rid))
+                                background=BackgroundTask(orchestrator.end_interleaved, run))
         try:
             done = await until_disconnect(request, collect(events))
         except ClientDisconnected:
             return Response(status_code=499)
         finally:
             await events.aclose()
+            orchestrator.end_interleaved(run)
         # base64 and JSON of up to 17 media segments: off the event loop
         return await json_response_off_loop(lambda: json_form(done))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.media.media_http_server import PNG, Handler, MediaServer, ServerState, bind_pair
+from tests.media.media_http_server import PNG, MediaServer
 from tests.server import SCRIPTED_UMM, Server
 
 #: The refused field. (Refusals from a stage name the message index of the Reasoner's
@@ -42,22 +41,6 @@ LOOPBACK_SPELLINGS = [
 ]  # fmt: skip
 OTHER_NON_PUBLIC = ["10.0.0.1", "172.16.0.1", "192.168.0.1", "169.254.169.254", "100.64.0.1",
                     "224.0.0.1", "[fc00::1]", "[fe80::1]", "[2002:7f00:1::]"]
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[MediaServer]:
-    state = ServerState()
-    handler = type("Handler", (Handler,), {"state": state})
-    servers = bind_pair(handler)
-    for srv in servers:
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-    yield MediaServer(port=servers[0].server_address[1], state=state)
-    state.stop.set()
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,24 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.media.media_http_server import PNG, Handler, MediaServer, ServerState, bind_pair
+from tests.media.media_http_server import PNG, MediaServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[MediaServer]:
-    state = ServerState()
-    handler = type("Handler", (Handler,), {"state": state})
-    servers = bind_pair(handler)
-    for srv in servers:
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-    yield MediaServer(port=servers[0].server_address[1], state=state)
-    state.stop.set()
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
 
 
 @pytest.fixture(scope="module")

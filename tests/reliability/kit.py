@@ -18,6 +18,7 @@ import httpx
 import psutil
 
 from tests.server import Server
+from tests.umm.kit import parse_sse
 
 #: Every status a client may see (500 only in the JSON error shape).
 DOCUMENTED = {200, 400, 401, 404, 405, 408, 413, 415, 499, 500, 503}
@@ -88,23 +89,6 @@ def answer_problem(status: int, raw: bytes, content_type: str = "application/jso
     except ValueError:
         return f"200 with a body that is not JSON: {text[:200]!r}"
     return None
-
-
-def parse_sse(raw: str) -> list[tuple[str, Any]]:
-    """(event, data) pairs (data decoded JSON or ``"[DONE]"``); comments are skipped."""
-    out = []
-    for block in raw.replace("\r\n", "\n").split("\n\n"):
-        event, data = "message", []
-        for line in block.split("\n"):
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-        if not data:
-            continue
-        text = "\n".join(data)
-        out.append((event, text if text == "[DONE]" else json.loads(text)))
-    return out
 
 
 def healthy(server: Server) -> bool:

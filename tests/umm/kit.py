@@ -79,7 +79,7 @@ def umm_server(*flags: str) -> Iterator[Server]:
 # --- SSE ----------------------------------------------------------------------------------------
 def parse_sse(raw: str) -> list[tuple[str, Any]]:
     """(event, data) pairs, splitting only at CR/LF as the SSE format does; data is decoded JSON,
-    or the string ``[DONE]``."""
+    or the string ``[DONE]``; comments are skipped."""
     out = []
     for block in raw.replace("\r\n", "\n").split("\n\n"):
         if not block.strip():
@@ -90,6 +90,8 @@ def parse_sse(raw: str) -> list[tuple[str, Any]]:
                 event = line[6:].strip()
             elif line.startswith("data:"):
                 data.append(line[5:].lstrip(" "))
+        if not data:  # a comment-only block (": keep-alive")
+            continue
         text = "\n".join(data)
         out.append((event, text if text == "[DONE]" else json.loads(text)))
     return out
