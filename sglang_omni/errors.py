@@ -1,26 +1,59 @@
 """The error hierarchy of SGLang Omni.
 
 Every refusal or failure that can reach a client is an ``OmniError`` carrying its HTTP status and
-an OpenAI-style error ``type``. The HTTP layer translates them once, into
-``{"error": {"message", "type", "code"}}`` (non-streaming) or an ``error`` event (streaming).
-Messages tell the reader what to change.
+an OpenAI-style error ``type``; every ``OmniError`` subclass is defined here. The type of a status
+comes from :data:`ERROR_TYPES` (one map), and :meth:`OmniError.to_body` builds the one error body,
+``{"error": {"message", "type", "code"}}``: the JSON answer, the SSE ``error`` event (its inner
+object) and a failed video job all use it. Lower layers raise these classes and never choose an
+HTTP status themselves. Messages tell the reader what to change.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+#: The OpenAI error ``type`` of each HTTP status; any other 4xx is ``invalid_request_error``,
+#: any other status ``server_error`` (see :func:`error_type`).
+ERROR_TYPES: dict[int, str] = {400: "invalid_request_error", 401: "authentication_error",
+                               404: "not_found_error", 500: "server_error",
+                               503: "service_unavailable", 504: "timeout_error"}
+
+
+def is_client_error(status: int) -> bool:
+    """Whether ``status`` is a 4xx (the client's request is at fault)."""
+    return 400 <= status < 500
+
+
+def is_error_status(status: int) -> bool:
+    """Whether ``status`` is an HTTP error status (4xx or 5xx)."""
+    return 400 <= status < 600
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error type of an HTTP ``status`` (:data:`ERROR_TYPES`)."""
+    return ERROR_TYPES.get(status, "invalid_request_error" if is_client_error(status)
+                           else "server_error")
+
 
 class OmniError(Exception):
-    """Base class: ``status`` is the HTTP status, ``type`` the OpenAI error type."""
+    """Base class: ``status`` is the HTTP status, ``type`` the OpenAI error type. A subclass sets
+    ``status`` only; its ``type`` is ``error_type(status)``."""
 
     status: int = 500
-    type: str = "server_error"
+    type: str = error_type(500)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "status" in cls.__dict__ and "type" not in cls.__dict__:
+            cls.type = error_type(cls.status)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
-    def to_body(self) -> dict:
-        """The OpenAI-style error body for this error."""
+    def to_body(self) -> dict[str, dict[str, Any]]:
+        """The error body, ``{"error": {"message", "type", "code"}}``; every error answer (JSON,
+        SSE event, video job) is built here."""
         return {"error": {"message": self.message, "type": self.type, "code": self.status}}
 
 
@@ -29,7 +62,6 @@ class BadRequest(OmniError):
     """The request is invalid; the message says which field and how to fix it."""
 
     status = 400
-    type = "invalid_request_error"
 
 
 class MediaRefused(BadRequest):
@@ -40,40 +72,34 @@ class Unauthorized(OmniError):
     """The request lacks the server's API key (``Authorization: Bearer KEY``)."""
 
     status = 401
-    type = "authentication_error"
 
 
 class NotFound(OmniError):
     status = 404
-    type = "not_found_error"
 
 
 class MethodNotAllowed(OmniError):
     """The route exists but does not take this HTTP method."""
 
     status = 405
-    type = "invalid_request_error"
 
 
 class RequestTooSlow(OmniError):
     """The client took longer than the server's body timeout to send its request."""
 
     status = 408
-    type = "invalid_request_error"
 
 
 class PayloadTooLarge(OmniError):
     """The request body exceeds ``server.max_body_bytes``."""
 
     status = 413
-    type = "invalid_request_error"
 
 
 class UnsupportedMediaType(OmniError):
     """The request body is not in a format the route reads (for example not JSON)."""
 
     status = 415
-    type = "invalid_request_error"
 
 
 # --- capacity ------------------------------------------------------------------------------------
@@ -81,7 +107,6 @@ class ServiceUnavailable(OmniError):
     """The server cannot take this request now; retrying later may succeed."""
 
     status = 503
-    type = "service_unavailable"
 
 
 class StageRestarting(ServiceUnavailable):
@@ -93,16 +118,38 @@ class ServerError(OmniError):
     """The server failed the request (a stage died, a model produced no output, a limit was hit)."""
 
     status = 500
-    type = "server_error"
 
 
 class MediaFetchFailed(OmniError):
-    """Fetching remote media failed; ``status`` is 400 when the host answered 404, else 500."""
+    """Fetching remote media failed (the host answered an error, timed out, broke the connection,
+    redirected too often or sent too much); :class:`MediaNotFound` when it answered 404."""
 
-    def __init__(self, message: str, status: int = 500) -> None:
+    status = 500
+
+
+class MediaNotFound(MediaFetchFailed):
+    """The media host answered 404: the request names media that does not exist."""
+
+    status = 400
+
+
+class StageCallError(OmniError):
+    """A stage answered a call with an error; carries the stage's status and type."""
+
+    def __init__(self, message: str, status: int, type_: str) -> None:
         super().__init__(message)
         self.status = status
-        self.type = "invalid_request_error" if status == 400 else "server_error"
+        self.type = type_
+
+
+class NativeRefusal(OmniError):
+    """Native SGLang refused (``status`` 400 by default) or failed a request; carries the status
+    native answered, and its type from :data:`ERROR_TYPES`."""
+
+    def __init__(self, message: str, status: int = BadRequest.status) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = error_type(status)
 
 
 class StageDied(ServerError):
@@ -113,7 +160,6 @@ class RequestTimeout(ServerError):
     """The request outlived ``stages.orchestrator.factory.timeout_s``."""
 
     status = 504
-    type = "timeout_error"
 
 
 class ConfigError(Exception):

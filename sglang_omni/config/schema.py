@@ -6,6 +6,7 @@ Files and flags may change a declared stage's fields; they can never add or remo
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -153,32 +154,41 @@ class PipelineConfig:
         """Cross-field checks of a resolved config; raise ConfigError naming key and fix."""
 
 
+#: The built-in pipeline config classes by ``config_cls`` name, as import strings
+#: "module:Class"; a class is imported only when a config names it, so config never imports
+#: the model packages above it.
+PIPELINES: dict[str, str] = {
+    "Cosmos3UMMPipelineConfig": "sglang_omni.models.cosmos3.configs:Cosmos3UMMPipelineConfig",
+    "Cosmos3PipelineConfig": "sglang_omni.models.cosmos3.configs:Cosmos3PipelineConfig",
+    "Cosmos3ReasonerPipelineConfig":
+        "sglang_omni.models.cosmos3.configs:Cosmos3ReasonerPipelineConfig",
+}
+
 _REGISTRY: dict[str, type[PipelineConfig]] = {}
 
 
 def register_pipeline(cls: type[PipelineConfig]) -> type[PipelineConfig]:
-    """Class decorator: make ``cls`` selectable by its name as ``config_cls``."""
+    """Class decorator: make ``cls`` selectable by its name as ``config_cls`` (for pipelines
+    outside ``PIPELINES``; a registered class wins over a table entry of the same name)."""
     _REGISTRY[cls.__name__] = cls
     return cls
 
 
-def _load_builtin_pipelines() -> None:
-    # Importing the model packages registers their pipeline classes.
-    import sglang_omni.models.cosmos3  # noqa: F401
-
-
 def pipeline_class(name: str) -> type[PipelineConfig]:
-    """The registered pipeline config class called ``name``; ConfigError names the choices."""
-    _load_builtin_pipelines()
-    try:
+    """The pipeline config class called ``name``; ConfigError names the choices."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
+    target = PIPELINES.get(name)
+    if target is None:
+        known = ", ".join(registered_pipelines())
         raise ConfigError(
             f"config_cls: unknown pipeline config class {name!r}; use one of: {known}"
-        ) from None
+        )
+    module_name, _, class_name = target.partition(":")
+    cls: type[PipelineConfig] = getattr(importlib.import_module(module_name), class_name)
+    return cls
 
 
 def registered_pipelines() -> list[str]:
-    _load_builtin_pipelines()
-    return sorted(_REGISTRY)
+    """Every selectable ``config_cls`` name, sorted."""
+    return sorted(set(PIPELINES) | set(_REGISTRY))

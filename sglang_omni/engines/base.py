@@ -25,6 +25,7 @@ Payloads by role:
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,34 +88,30 @@ class EngineSpec:
     media_policy: dict[str, Any] = field(default_factory=dict)
 
 
+#: Every backend engine by (backend, role), as an import string "module:Class"; only the one
+#: a stage names is imported, so heavy libraries load only for that backend.
+ENGINES: dict[tuple[str, str], str] = {
+    ("scripted", "reasoner"): "sglang_omni.engines.scripted:ScriptedReasoner",
+    ("scripted", "generation"): "sglang_omni.engines.scripted:ScriptedGenerator",
+    ("native", "reasoner"): "sglang_omni.engines.native.reasoner:NativeReasoner",
+    ("native", "generation"): "sglang_omni.engines.native.generation:NativeGenerator",
+    ("hf", "reasoner"): "sglang_omni.engines.hf:HFReasoner",
+    ("hf", "generation"): "sglang_omni.engines.hf:HFGenerator",
+}
+
+
 def build_engine(spec: EngineSpec) -> Engine:
-    """Construct the backend ``spec`` names; imports heavy libraries only for that backend."""
-    if spec.backend == "scripted":
-        from sglang_omni.engines import scripted
-
-        if spec.role == "reasoner":
-            return scripted.ScriptedReasoner(spec)
-        return scripted.ScriptedGenerator(spec)
-    if spec.backend == "native" and spec.role == "reasoner":
-        from sglang_omni.engines.native.reasoner import NativeReasoner
-
-        return NativeReasoner(spec)
-    if spec.backend == "native" and spec.role == "generation":
-        from sglang_omni.engines.native.generation import NativeGenerator
-
-        return NativeGenerator(spec)
-    if spec.backend == "hf":
-        from sglang_omni.engines import hf
-
-        if spec.role == "reasoner":
-            return hf.HFReasoner(spec)
-        return hf.HFGenerator(spec)
-    if spec.backend == "native":
+    """Construct the backend ``spec`` names (see ``ENGINES``); RuntimeError naming the field
+    when no engine serves that backend and role."""
+    target = ENGINES.get((spec.backend, spec.role))
+    if target is None:
+        if any(backend == spec.backend for backend, _ in ENGINES):
+            raise RuntimeError(f"stages.{spec.stage}: the {spec.backend} backend has no engine "
+                               f"for role {spec.role!r}; use a reasoner or generation stage")
         raise RuntimeError(
-            f"stages.{spec.stage}.factory.backend: the native backend is not available in this "
-            "build yet; use backend scripted"
+            f"stages.{spec.stage}.factory.backend: {spec.backend!r} is not available in this "
+            "build; use backend scripted"
         )
-    raise RuntimeError(
-        f"stages.{spec.stage}.factory.backend: {spec.backend!r} is not available in this build; "
-        "use backend scripted"
-    )
+    module_name, _, class_name = target.partition(":")
+    engine_cls = getattr(importlib.import_module(module_name), class_name)
+    return engine_cls(spec)

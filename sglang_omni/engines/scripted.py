@@ -48,17 +48,16 @@ import psutil
 
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
-from sglang_omni.engines.native.reasoner_request import NativeRefusal
 from sglang_omni.engines.native.server_args import resolve_server_args
 from sglang_omni.engines.synth_media import encode_mp4, encode_png, frame_pixels
-from sglang_omni.errors import BadRequest, ServerError
+from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.settings import policy_from_spec
+from sglang_omni.media.types import INLINE_LIMIT
 
 log = logging.getLogger("sglang_omni.scripted")
 
 SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
-INLINE_LIMIT = 8 * 1024 * 1024
 MEDIA_PART_KEYS = {"image_url": "image", "video_url": "video"}
 WARMUP_TEXT = "The capital city of France is"
 
@@ -137,8 +136,8 @@ def _substitute(text: str, job: Job, media: list[dict[str, str]]) -> str:
 
 def _refusal(entry: dict[str, Any]) -> NativeRefusal:
     error = entry["error"] if isinstance(entry["error"], dict) else {}
-    status = error.get("status", 400)
-    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status < 600:
+    status = error.get("status", BadRequest.status)
+    if isinstance(status, bool) or not isinstance(status, int) or not is_error_status(status):
         raise BadRequest("<omni-script> error entries need an HTTP status from 400 to 599")
     return NativeRefusal(str(error.get("message", "scripted refusal")), status)
 

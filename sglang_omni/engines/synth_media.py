@@ -64,15 +64,3 @@ def decode_mp4_frames(data: bytes) -> list[np.ndarray]:
     with av.open(io.BytesIO(data)) as container:
         return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
 
-
-def sniff_mime(data: bytes) -> str | None:
-    """The media type the leading bytes show: image/png, image/jpeg, image/webp, video/mp4."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if len(data) >= 12 and data[4:8] == b"ftyp":
-        return "video/mp4"
-    return None

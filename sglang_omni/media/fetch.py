@@ -19,10 +19,11 @@ Bytes fetched and decoded from inline data are counted per request (on the reque
 :class:`RequestMediaDir`) against ``max_media_bytes``: over it is :class:`MediaRefused` (400,
 naming ``--server.max_media_bytes``).
 
-Failures map to the statuses of native SGLang's other chat routes: :class:`MediaFetchFailed`
-with 400 when the media host answers 404, 500 when it answers another error, fails, times out,
-redirects too often or sends more than the limit; a redirect to a refused URL or a host on a
-refused address is :class:`MediaRefused` (400). Messages never carry internal exception text;
+Failures are typed as native SGLang's other chat routes answer them (``sglang_omni.errors``
+holds their statuses): :class:`MediaNotFound` (400) when the media host answers 404,
+:class:`MediaFetchFailed` (500) when it answers another error, fails, times out, redirects too
+often or sends more than the limit; a redirect to a refused URL or a host on a refused address
+is :class:`MediaRefused` (400). Messages never carry internal exception text;
 the details go to the log.
 """
 
@@ -40,7 +41,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 
-from sglang_omni.errors import MediaFetchFailed, MediaRefused
+from sglang_omni.errors import MediaFetchFailed, MediaNotFound, MediaRefused
 from sglang_omni.media import inline
 from sglang_omni.media.policy import (
     MEDIA_BYTES_FLAG,
@@ -126,19 +127,19 @@ async def fetch_remote(
     except TimeoutError:
         raise MediaFetchFailed(
             f"{where} took longer than {policy.fetch_deadline_s:g} s (the whole fetch, "
-            "redirects included)", 500
+            "redirects included)"
         ) from None
     except httpx.TimeoutException:
         raise MediaFetchFailed(
-            f"{where} timed out (no progress for {policy.fetch_timeout_s:g} s)", 500
+            f"{where} timed out (no progress for {policy.fetch_timeout_s:g} s)"
         ) from None
     except httpx.ConnectError as e:
         log.info("%s: cannot connect: %r", where, e)
-        raise MediaFetchFailed(f"{where} failed: cannot connect to the media host", 500) from None
+        raise MediaFetchFailed(f"{where} failed: cannot connect to the media host") from None
     except httpx.HTTPError as e:
         log.info("%s: failed: %r", where, e)
         raise MediaFetchFailed(
-            f"{where} failed: the connection to the media host broke ({type(e).__name__})", 500
+            f"{where} failed: the connection to the media host broke ({type(e).__name__})"
         ) from None
 
 
@@ -159,8 +160,7 @@ class _Fetch:
                 return self.content_type
             if hop == self.policy.max_redirects:
                 raise MediaFetchFailed(
-                    f"{self.where} was redirected more than {self.policy.max_redirects} times",
-                    500,
+                    f"{self.where} was redirected more than {self.policy.max_redirects} times"
                 )
             try:
                 target = str(httpx.URL(current.url.url).join(location))
@@ -177,7 +177,7 @@ class _Fetch:
         except AddressRefused as e:
             raise MediaRefused(f"{self.label}: {e} (got {preview(media.url.url)})") from None
         except NoAddress as e:
-            raise MediaFetchFailed(f"{self.where} failed: {e}", 500) from None
+            raise MediaFetchFailed(f"{self.where} failed: {e}") from None
 
     async def _hop(self, client: httpx.AsyncClient, media: RemoteMedia) -> str | None:
         """Request one URL; the redirect location, or ``None`` once the body was received."""
@@ -199,21 +199,21 @@ class _Fetch:
         if response.status_code in REDIRECT_STATUSES and location:
             return location
         if response.status_code == 404:
-            raise MediaFetchFailed(f"{where} failed: the media host answered 404", 400)
+            raise MediaNotFound(f"{where} failed: the media host answered 404")
         if not 200 <= response.status_code < 300:
             raise MediaFetchFailed(
-                f"{where} failed: the media host answered {response.status_code}", 500
+                f"{where} failed: the media host answered {response.status_code}"
             )
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise MediaFetchFailed(
-                f"{where} failed: the media host sent a compressed body ({encoding[:20]!r})", 500
+                f"{where} failed: the media host sent a compressed body ({encoding[:20]!r})"
             )
         declared = response.headers.get("content-length", "").strip()
         if declared.isdigit() and declared.isascii():
             if policy.over_limit(int(declared)):
                 raise MediaFetchFailed(
-                    f"{where}: the media is larger than {_limit_text(policy)}", 500
+                    f"{where}: the media is larger than {_limit_text(policy)}"
                 )
             if policy.max_media_bytes is not None and self.workdir is not None and \
                     self.workdir.media_bytes + int(declared) > policy.max_media_bytes:
@@ -223,7 +223,7 @@ class _Fetch:
             received += len(chunk)
             if policy.over_limit(received):
                 raise MediaFetchFailed(
-                    f"{where}: the media is larger than {_limit_text(policy)}", 500
+                    f"{where}: the media is larger than {_limit_text(policy)}"
                 )
             charge(self.workdir, policy, len(chunk), label=self.label)
             self.sink(chunk)

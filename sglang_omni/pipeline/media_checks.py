@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_omni.engines.synth_media import sniff_mime
 from sglang_omni.errors import ServerError
+from sglang_omni.media.types import INLINE_LIMIT, MIME_BY_KIND, sniff_mime
 from sglang_omni.runtime.ipc import Frames
-
-INLINE_LIMIT = 8 * 1024 * 1024
-MIME_BY_KIND = {"image": ("image/png", "image/jpeg", "image/webp"), "video": ("video/mp4",)}
 
 
 def check_generated_media(kind: str, payload: dict[str, Any],

@@ -19,6 +19,7 @@ from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.errors import ConfigError, ServiceUnavailable, StageDied, StageRestarting
 from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
+from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.streams import stream_call
@@ -36,7 +37,6 @@ from sglang_omni.runtime.ipc import Frames
 from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.runtime.stage_handle import StageHandle
 from sglang_omni.runtime.stage_result import StageResult
-from sglang_omni.serve.chat_request import ChatRequest
 
 log = logging.getLogger("sglang_omni.orchestrator")
 

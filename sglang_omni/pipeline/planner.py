@@ -87,7 +87,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-SERVICE_UNAVAILABLE = 503
+from sglang_omni.errors import ServiceUnavailable
+
+SERVICE_UNAVAILABLE = ServiceUnavailable.status
 """The HTTP status of every refusal and fail-fast this module reports."""
 
 RECEIPT_TEXT = ("No time is left before this request's deadline to run this generation; it was "

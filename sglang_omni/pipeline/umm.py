@@ -5,7 +5,7 @@ The controller knows no model. Per request it asks the adapter for a ``Step``: o
 now and the next ``Dispatch`` (a payload for a stage), or none and a finish reason. It runs each
 dispatch on its stage, hands the result back to the adapter, and repeats. It owns the limits
 (``max_dispatches``, ``max_outputs``, ``max_retained_bytes``, ``timeout_s``), numbers the segments,
-and turns outputs into wire segments. Each dispatch carries a fresh token that its result must
+and turns outputs into segments. Each dispatch carries a fresh token that its result must
 echo (enforced by the stage handle), so a stale, duplicated or forged result never advances a
 request. The adapter owns prompts, the decision format, media conversion and modality rules.
 
@@ -15,7 +15,6 @@ See ``docs/umm-controller.md`` for the contract with a worked example.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import math
@@ -27,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
 from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
-from sglang_omni.pipeline.media_checks import INLINE_LIMIT
+from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.runtime.ipc import Frames
 
 TEXT, IMAGE, VIDEO = "text", "image", "video"
@@ -202,7 +201,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Segment:
-    """An accepted output. Media bytes are held raw and base64-encoded only on the wire."""
+    """An accepted output. Media bytes are held raw; the wire (``serve.umm_wire``) encodes
+    them."""
 
     execution_id: str
     segment_index: int
@@ -211,27 +211,6 @@ class Segment:
     media: bytes | bytearray | None = None
     mime_type: str | None = None
     sha256: str | None = None
-
-    def media_data(self, with_url: bool = True) -> dict[str, Any]:
-        assert self.media is not None
-        data: dict[str, Any] = {"kind": self.kind, "mime_type": self.mime_type,
-                                "size_bytes": len(self.media), "sha256": self.sha256}
-        if with_url:
-            encoded = base64.b64encode(self.media).decode("ascii")
-            data["url"] = f"data:{self.mime_type};base64,{encoded}"
-        return data
-
-    def to_wire(self, with_data: bool = True) -> dict[str, Any]:
-        """The wire form; ``with_data=False`` gives the reference (media without the bytes,
-        text without the string)."""
-        body: dict[str, Any] = {"type": "segment", "execution_id": self.execution_id,
-                                "segment_index": self.segment_index, "kind": self.kind}
-        if self.kind == TEXT:
-            if with_data:
-                body["data"] = self.text or ""
-        else:
-            body["data"] = self.media_data(with_url=with_data)
-        return body
 
 
 @dataclass(frozen=True)

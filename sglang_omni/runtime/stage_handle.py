@@ -29,7 +29,7 @@ from typing import Any
 
 from sglang_omni.config.gpus import device_env
 from sglang_omni.engines.base import EngineSpec
-from sglang_omni.errors import BadRequest, OmniError, ServerError, StageDied
+from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
 from sglang_omni.runtime.ipc import Channel, Frames, WireEncodeError, channel_pair, pack_header
 from sglang_omni.runtime.proc import kill_group
 from sglang_omni.runtime.stage_process import stage_main
@@ -46,15 +46,6 @@ class StageStartupError(Exception):
 
 class _ReadyTimeout(StageStartupError):
     """The ready handshake did not come within ``startup_timeout_s``."""
-
-
-class StageCallError(OmniError):
-    """A stage answered a call with an error; carries the stage's status and type."""
-
-    def __init__(self, message: str, status: int, type_: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type_
 
 
 @dataclass
@@ -346,8 +337,8 @@ class StageHandle:
         elif op == "error":
             self.counters.failed += 1
             pending.future.set_exception(StageCallError(
-                str(header.get("message")), int(header.get("status", 500)),
-                str(header.get("type", "server_error"))))
+                str(header.get("message")), int(header.get("status", ServerError.status)),
+                str(header.get("type", ServerError.type))))
         else:
             self.counters.dropped += 1
 

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, build_engine
-from sglang_omni.errors import OmniError
+from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.runtime.ipc import Channel, Frames, WireEncodeError, pack_header
 from sglang_omni.runtime.proc import die_with_parent, start_idle_child
 
@@ -86,10 +86,12 @@ class _StageServer:
         except (OSError, EOFError, ValueError):
             log.warning("server connection lost; dropping %s", header.get("op"))
 
-    def send_error(self, base: dict[str, Any], status: int, type_: str, message: str) -> None:
-        """Fail a request; a message that is not valid Unicode is escaped, never dropped."""
-        safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        self.send({"op": "error", **base, "status": status, "type": type_, "message": safe})
+    def send_error(self, base: dict[str, Any], error: OmniError) -> None:
+        """Fail a request with ``error``'s status, type and message; a message that is not valid
+        Unicode is escaped, never dropped."""
+        safe = error.message.encode("utf-8", "backslashreplace").decode("utf-8")
+        self.send({"op": "error", **base, "status": error.status, "type": error.type,
+                   "message": safe})
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
@@ -171,8 +173,8 @@ class _StageServer:
         if op == "submit":
             rid, token = header["rid"], header["token"]
             if rid in self.jobs:
-                self.send_error({"rid": rid, "token": token}, 400, "invalid_request_error",
-                                f"request {rid} is already running on this stage")
+                self.send_error({"rid": rid, "token": token},
+                                BadRequest(f"request {rid} is already running on this stage"))
                 return
             job = Job(rid, header["payload"], frames,
                       emit=lambda data, r=rid, t=token: self.send(
@@ -207,15 +209,15 @@ class _StageServer:
                            "engine_s": time.perf_counter() - started}, result.frames)
             except WireEncodeError as bad:
                 log.error("request %s: its result cannot be sent: %s", job.rid, bad)
-                self.send_error(base, 500, "server_error",
-                                f"the {self.spec.stage} stage produced a result the stage wire "
-                                f"cannot carry ({bad}); report this engine bug")
+                self.send_error(base, ServerError(
+                    f"the {self.spec.stage} stage produced a result the stage wire cannot carry "
+                    f"({bad}); report this engine bug"))
         elif isinstance(exc, OmniError):
             log.warning("request %s failed: %s", job.rid, exc.message)
-            self.send_error(base, exc.status, exc.type, exc.message)
+            self.send_error(base, exc)
         else:  # an engine bug fails the request, not the stage
             log.error("request %s failed: %s\n%s", job.rid, exc,
                       "".join(traceback.format_exception(exc)))
-            self.send_error(base, 500, "server_error",  # the detail is logged, never sent
-                            f"the {self.spec.stage} stage failed this request unexpectedly; "
-                            "its log has the details")
+            self.send_error(base, ServerError(  # the detail is logged, never sent
+                f"the {self.spec.stage} stage failed this request unexpectedly; its log has the "
+                "details"))

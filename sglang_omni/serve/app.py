@@ -16,20 +16,21 @@ from starlette.background import BackgroundTask
 
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.errors import BadRequest, OmniError, ServiceUnavailable
+from sglang_omni.errors import BadRequest, OmniError, ServiceUnavailable, is_client_error
 from sglang_omni.media import check_chat_request
 from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
 from sglang_omni.pipeline.chat_admission import AdmissionTicket
+from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.umm import UMMRequest, UMMRun, history_bytes
 from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.auth import ApiKeyAuth
-from sglang_omni.serve.chat_request import ChatRequest, parse_chat_request
+from sglang_omni.serve.chat_request import parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.generate_request import parse_generate_request
 from sglang_omni.serve.generation_routes import generation_routes
-from sglang_omni.serve.http_errors import install_error_handlers
+from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST, install_error_handlers
 from sglang_omni.serve.metrics import build_registry
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.request_body import read_json_body
@@ -44,8 +45,8 @@ def error_response(exc: OmniError,
                    retry_after_s: int = ServerSettings.retry_after_s) -> Response:
     """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``; the
     body is ASCII JSON, so no message text can fail to encode."""
-    headers = {"Retry-After": str(retry_after_s)} \
-        if isinstance(exc, ServiceUnavailable) or exc.status == 503 else None
+    unavailable = isinstance(exc, ServiceUnavailable) or exc.status == ServiceUnavailable.status
+    headers = {"Retry-After": str(retry_after_s)} if unavailable else None
     return json_response(exc.to_body(), exc.status, headers)
 
 
@@ -80,7 +81,8 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         report = orchestrator.health()
         ok = report["status"] == "ok"
         headers = None if ok else {"Retry-After": str(config.server.retry_after_s)}
-        return JSONResponse(report, status_code=200 if ok else 503, headers=headers)
+        return JSONResponse(report, status_code=200 if ok else ServiceUnavailable.status,
+                            headers=headers)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -128,7 +130,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         try:
             done = await until_disconnect(request, collect(events))
         except ClientDisconnected:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         finally:
             await events.aclose()
             orchestrator.end_interleaved(run)
@@ -201,9 +203,10 @@ async def _text_chat(request: Request, orchestrator: Orchestrator, req: ChatRequ
             return response
         result = await until_disconnect(request, _collect(orchestrator, rid, req))
     except ClientDisconnected:
-        return Response(status_code=499)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except OmniError as exc:
-        if rid is not None and (exc.status < 500 or exc.status == 503):
+        if rid is not None and (is_client_error(exc.status)
+                                or exc.status == ServiceUnavailable.status):
             orchestrator.ids.forget(rid)  # refused: the client may retry with the same rid
         raise
     finally:

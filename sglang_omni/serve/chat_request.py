@@ -10,10 +10,10 @@ booleans. All refusals are 400.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_omni.errors import BadRequest
+from sglang_omni.pipeline.chat_request import ChatRequest
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                    "frequency_penalty", "repetition_penalty", "seed")
@@ -33,22 +33,6 @@ INTEGER_FIELDS = ("top_k", "seed", "max_tokens", "max_completion_tokens", "min_t
                   "top_logprobs")
 ROLES = ("system", "user", "assistant", "developer")
 PART_TYPES = ("text", "image_url", "video_url", "audio_url")
-
-
-@dataclass
-class ChatRequest:
-    """A checked chat request. ``sampling`` holds only the fields the client set."""
-
-    messages: list[dict[str, Any]]
-    stream: bool = False
-    include_usage: bool = False
-    rid: Any = None
-    model: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    stage_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
-    response_format: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _check_messages(messages: Any) -> list[dict[str, Any]]:

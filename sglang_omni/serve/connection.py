@@ -98,12 +98,13 @@ class GuardedH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         """A request h11 cannot parse (bad syntax, a head over MAX_HEADER_BYTES): 400 in the
         JSON error shape, then close."""
-        body = json.dumps(BadRequest(
+        error = BadRequest(
             f"invalid HTTP request ({msg.rstrip('.')}); check the request line and headers "
-            f"(at most {MAX_HEADER_BYTES} bytes)").to_body()).encode()
+            f"(at most {MAX_HEADER_BYTES} bytes)")
+        body = json.dumps(error.to_body()).encode()
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                      h11.Data(data=body), h11.EndOfMessage()):
+        head = h11.Response(status_code=error.status, headers=headers, reason=b"Bad Request")
+        for event in (head, h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 

@@ -33,22 +33,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.native.generation_action_media import action_media_refs
-from sglang_omni.engines.synth_media import sniff_mime
+from sglang_omni.engines.generation_options import OPTIONS, POSITIVE
 from sglang_omni.errors import BadRequest, NotFound, OmniError, ServerError, ServiceUnavailable
+from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.refs import check_generation_options, check_media_refs
+from sglang_omni.media.types import MIME_BY_KIND, sniff_mime
 from sglang_omni.models.cosmos3.action_request import action_options, check_action_request
 from sglang_omni.models.cosmos3.generation_limits import (
     ACTION_DEFAULTS,
     check_generation_limits,
     size_multiple,
 )
-from sglang_omni.models.cosmos3.generation_options import OPTIONS, POSITIVE
-from sglang_omni.pipeline.media_checks import MIME_BY_KIND
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
-from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST, GENERIC_500
 from sglang_omni.serve.request_body import parse_json, read_json_body
 from sglang_omni.serve.responses import json_response, json_response_off_loop
 
@@ -220,7 +219,7 @@ class VideoJob:
         self.expires_at = self.completed_at + VIDEO_RETENTION_S
         if error is not None:
             self.status = "failed"
-            self.error = {"message": error.message, "type": error.type, "code": error.status}
+            self.error = error.to_body()["error"]
             return
         self.status, self.progress, self.data = "completed", 100, data
         self.inference_time_s = engine_s
@@ -298,7 +297,7 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
         result = await call(request, rid, {"modality": "image", "prompt": fields["prompt"],
                                            "options": options})
         if result is None:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         data = single_media("image", result)
         return await json_response_off_loop(lambda: {  # base64 of the image: off the loop
             "id": rid, "created": int(time.time()),
@@ -392,7 +391,7 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
         rid = orchestrator.ids.new()
         result = await call(request, rid, {"modality": "action", "request": body})
         if result is None:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         response = result.payload.get("action")
         if not isinstance(response, dict):
             raise ServerError("the action generation returned no action")

@@ -5,6 +5,9 @@
 plain-text ``ServerErrorMiddleware`` and sees every exception) answers an unexpected exception
 with a generic 500, logging the traceback; internal exception text never reaches a client.
 Refusals that leave a request body unread (408, 413) also close the connection.
+
+This is the wire module of the error rules: the only place outside ``sglang_omni.errors`` that
+names an HTTP status (:data:`CLIENT_CLOSED_REQUEST`, and the statuses of Starlette's refusals).
 """
 
 from __future__ import annotations
@@ -25,33 +28,38 @@ from sglang_omni.errors import (
     NotFound,
     OmniError,
     PayloadTooLarge,
+    RequestTooSlow,
     ServerError,
     Unauthorized,
     UnsupportedMediaType,
+    is_client_error,
 )
 
 log = logging.getLogger("sglang_omni.serve")
 
+#: The status (nginx's) of the answer to a request whose client left before it (no client reads
+#: it; the access log shows it).
+CLIENT_CLOSED_REQUEST = 499
 #: Statuses whose answer closes the connection: the body was not (fully) read.
-CLOSE_AFTER = (408, 413)
+CLOSE_AFTER = (RequestTooSlow.status, PayloadTooLarge.status)
 GENERIC_500 = ("the server failed this request unexpectedly; the error is logged on the server. "
                "Retry, and report it if it persists")
 
-_BY_STATUS: dict[int, type[OmniError]] = {400: BadRequest, 401: Unauthorized, 404: NotFound,
-                                          405: MethodNotAllowed, 413: PayloadTooLarge,
-                                          415: UnsupportedMediaType}
+_BY_STATUS: dict[int, type[OmniError]] = {
+    cls.status: cls for cls in (BadRequest, Unauthorized, NotFound, MethodNotAllowed,
+                                PayloadTooLarge, UnsupportedMediaType)}
 
 
 def http_exception_error(request: Request, exc: HTTPException) -> OmniError:
     """The OmniError for one of Starlette's HTTPExceptions (its detail only for 4xx)."""
-    if exc.status_code == 404:
+    if exc.status_code == NotFound.status:
         return NotFound(f"{request.url.path}: no such route on this server; see GET /v1/models "
                         "and the README for the routes served")
-    if exc.status_code == 405:
+    if exc.status_code == MethodNotAllowed.status:
         return MethodNotAllowed(f"{request.method} {request.url.path}: method not allowed; use "
                                 f"{(exc.headers or {}).get('Allow', 'another method')}")
     cls = _BY_STATUS.get(exc.status_code)
-    if cls is None or exc.status_code >= 500:
+    if cls is None or not is_client_error(exc.status_code):
         return ServerError(GENERIC_500)
     return cls(str(exc.detail))
 
@@ -114,8 +122,9 @@ class JsonServerErrors:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if started:
                 return
-            body = json.dumps(ServerError(GENERIC_500).to_body()).encode()
-            await send({"type": "http.response.start", "status": 500,
+            error = ServerError(GENERIC_500)
+            body = json.dumps(error.to_body()).encode()
+            await send({"type": "http.response.start", "status": error.status,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})

@@ -7,6 +7,7 @@ the stream generators end with an error and ``[DONE]`` whatever is raised.
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,7 +24,8 @@ def joined_text(segments: tuple[Segment, ...] | list[Segment]) -> str:
 
 
 def error_event(exc: OmniError) -> dict[str, Any]:
-    return {"message": exc.message, "type": exc.type, "code": exc.status}
+    """The data of ``event: error``: the error body's inner object."""
+    return exc.to_body()["error"]
 
 
 def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -34,6 +36,30 @@ def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     if "total_tokens" not in out and "prompt_tokens" in out and "completion_tokens" in out:
         out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
     return out
+
+
+def media_data(segment: Segment, with_url: bool = True) -> dict[str, Any]:
+    """A media segment's ``data`` object; ``with_url`` adds the bytes as a base64 data URL."""
+    assert segment.media is not None
+    data: dict[str, Any] = {"kind": segment.kind, "mime_type": segment.mime_type,
+                            "size_bytes": len(segment.media), "sha256": segment.sha256}
+    if with_url:
+        payload = base64.b64encode(segment.media).decode("ascii")
+        data["url"] = f"data:{segment.mime_type};base64,{payload}"
+    return data
+
+
+def segment_wire(segment: Segment, with_data: bool = True) -> dict[str, Any]:
+    """A segment's wire form; ``with_data=False`` gives the reference (media without the
+    bytes, text without the string)."""
+    body: dict[str, Any] = {"type": "segment", "execution_id": segment.execution_id,
+                            "segment_index": segment.segment_index, "kind": segment.kind}
+    if segment.kind == TEXT:
+        if with_data:
+            body["data"] = segment.text or ""
+    else:
+        body["data"] = media_data(segment, with_url=with_data)
+    return body
 
 
 async def encoded(segment: Segment, encode: Callable[[], str]) -> str:
@@ -50,12 +76,12 @@ async def generate_sse(events: AsyncIterator[Segment | Complete],
     try:
         async for event in events:
             if isinstance(event, Segment):
-                yield await encoded(event, lambda e=event: sse_event("segment", e.to_wire()))
+                yield await encoded(event, lambda e=event: sse_event("segment", segment_wire(e)))
             else:
                 yield sse_event("complete", {
                     "execution_id": event.segments[0].execution_id if event.segments else None,
                     "finish_reason": event.finish_reason,
-                    "segments": [s.to_wire(with_data=False) for s in event.segments],
+                    "segments": [segment_wire(s, with_data=False) for s in event.segments],
                     "usage": event.usage,
                 })
     except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
@@ -72,13 +98,14 @@ async def collect(events: AsyncIterator[Segment | Complete]) -> Complete:
 
 def generate_json(rid: str, done: Complete) -> dict[str, Any]:
     return {"execution_id": rid, "text": joined_text(done.segments),
-            "segments": [s.to_wire() for s in done.segments],
+            "segments": [segment_wire(s) for s in done.segments],
             "finish_reason": done.finish_reason, "usage": done.usage}
 
 
 def chat_json(rid: str, model: str, done: Complete) -> dict[str, Any]:
     return completion_body(rid, model, joined_text(done.segments), done.finish_reason,
-                           chat_usage(done.usage), segments=[s.to_wire() for s in done.segments])
+                           chat_usage(done.usage),
+                           segments=[segment_wire(s) for s in done.segments])
 
 
 async def chat_sse(rid: str, model: str, include_usage: bool,
@@ -100,7 +127,7 @@ async def chat_sse(rid: str, model: str, include_usage: bool,
 
 
 def _segment_delta(segment: Segment) -> dict[str, Any]:
-    delta: dict[str, Any] = {"segment": segment.to_wire()}
+    delta: dict[str, Any] = {"segment": segment_wire(segment)}
     if segment.kind == TEXT:
         delta["content"] = segment.text
     return delta

@@ -12,7 +12,6 @@ import pytest
 
 from sglang_omni.engines.native.lifecycle import exited, first_exit
 from sglang_omni.engines.native.reasoner_request import (
-    NativeRefusal,
     StreamReader,
     chat_request_fields,
     completion_result,
@@ -20,7 +19,7 @@ from sglang_omni.engines.native.reasoner_request import (
     new_native_rid,
     refusal_from_error_body,
 )
-from sglang_omni.errors import BadRequest, MediaFetchFailed, MediaRefused
+from sglang_omni.errors import BadRequest, MediaFetchFailed, MediaRefused, NativeRefusal
 from sglang_omni.media import MediaPolicy, RequestMediaDir
 from tests.chat.kit import data_url, media_host, png
 

@@ -27,8 +27,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_omni.engines.native import cancellation_plugin as plugin
-from sglang_omni.engines.native.generation_driver import NativeFailed, NativeOutput, NativeRefused
+from sglang_omni.engines.native.generation_driver import NativeFailed, NativeOutput
 from sglang_omni.engines.synth_media import encode_mp4, encode_png, frame_pixels
+from sglang_omni.errors import NativeRefusal
 
 
 def _log_dir() -> Path:
@@ -152,7 +153,7 @@ class FakeDiffusion:
             f.write(json.dumps(kwargs) + "\n")
         status, value = self._ask("generate", kwargs)
         if status == "refused":
-            raise NativeRefused(value)
+            raise NativeRefusal(value)
         if status == "error":
             return NativeOutput(None, f"Generation failed: {value}")
         return NativeOutput(value)
@@ -160,7 +161,7 @@ class FakeDiffusion:
     def generate_action(self, request: dict[str, Any], folder: str) -> dict[str, Any]:
         status, value = self._ask("action", (request, folder))
         if status == "refused":
-            raise NativeRefused(value)
+            raise NativeRefusal(value)
         if status == "error":
             raise NativeFailed(value)
         return value

@@ -33,9 +33,8 @@ from sglang.test.test_utils import published_topology  # noqa: E402
 
 from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.native.reasoner import NativeReasoner  # noqa: E402
-from sglang_omni.engines.native.reasoner_request import NativeRefusal  # noqa: E402
 from sglang_omni.engines.native.server_args import resolve_server_args  # noqa: E402
-from sglang_omni.errors import BadRequest, MediaRefused  # noqa: E402
+from sglang_omni.errors import BadRequest, MediaRefused, NativeRefusal  # noqa: E402
 from sglang_omni.serve.chat_request import LENGTH_STOP_FIELDS, SAMPLING_FIELDS  # noqa: E402
 from tests.chat.kit import data_url, media_host, png  # noqa: E402
 from tests.native.fakes import GENERATION_CONFIG, FakeEngine  # noqa: E402

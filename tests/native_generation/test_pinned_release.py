@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("sglang")
 
+from sglang_omni.engines.generation_options import OPTIONS  # noqa: E402
 from sglang_omni.engines.native.generation import sampling_kwargs  # noqa: E402
 from sglang_omni.engines.native.generation_cancellation import native_abort_method  # noqa: E402
 from sglang_omni.engines.native.generation_checks import check_ffmpeg_aac  # noqa: E402
 from sglang_omni.engines.native.generation_driver import SGLangDiffusion  # noqa: E402
-from sglang_omni.models.cosmos3.generation_options import OPTIONS  # noqa: E402
 
 pytestmark = pytest.mark.native
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sglang_omni.engines.base import EngineSpec
-from sglang_omni.errors import BadRequest
-from sglang_omni.runtime.stage_handle import StageCallError, StageHandle
+from sglang_omni.errors import BadRequest, StageCallError
+from sglang_omni.runtime.stage_handle import StageHandle
 
 QUICK_S = 10.0  # generous: the calls fail in milliseconds; before the fix they never returned
 

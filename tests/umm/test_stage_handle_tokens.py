@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from sglang_omni.engines.base import EngineSpec
-from sglang_omni.runtime.stage_handle import StageCallError, StageHandle
+from sglang_omni.errors import StageCallError
+from sglang_omni.runtime.stage_handle import StageHandle
 from sglang_omni.runtime.stage_result import StageResult
 
 

@@ -24,6 +24,7 @@ from fractions import Fraction
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.generation_options import check_generation_options
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -38,7 +39,6 @@ from sglang_omni.engines.synth_media import encode_png
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.settings import policy_from_spec
-from sglang_omni.models.cosmos3.generation_options import check_generation_options
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}}
 SIZE_MULTIPLE = 16

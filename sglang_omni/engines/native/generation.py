@@ -33,12 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.generation_options import OPTIONS
 from sglang_omni.engines.native.cancellation_plugin import request_cancel
 from sglang_omni.engines.native.cancellation_plugin_site import CancellationPluginSite
-from sglang_omni.engines.native.generation_action_media import (
-    action_media_refs,
-    replace_action_media,
-)
 from sglang_omni.engines.native.generation_cancellation import (
     CancellationPlan,
     plan_cancellation,
@@ -54,15 +51,14 @@ from sglang_omni.engines.native.generation_driver import (
     DiffusionDriver,
     NativeFailed,
     NativeOutput,
-    NativeRefused,
     WorkerProcess,
     load_driver,
 )
-from sglang_omni.errors import BadRequest, ServerError
+from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir, materialize
+from sglang_omni.media.action_refs import action_media_refs, replace_action_media
 from sglang_omni.media.refs import iter_generation_media_refs
 from sglang_omni.media.settings import policy_from_spec
-from sglang_omni.models.cosmos3.generation_options import OPTIONS
 
 log = logging.getLogger("sglang_omni.native_generation")
 
@@ -290,7 +286,7 @@ class NativeGenerator:
             self._raise_if_dead()  # a worker died: that, not its side effects, is the failure
         try:
             return call.result()
-        except NativeRefused as exc:
+        except NativeRefusal as exc:
             raise BadRequest(f"native SGLang refused the request: {exc}") from None
         except NativeFailed as exc:
             log.warning("request %s: native generation failed: %s", job.rid, exc)

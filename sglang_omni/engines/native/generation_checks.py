@@ -18,12 +18,11 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from sglang_omni.engines.synth_media import sniff_mime
 from sglang_omni.errors import ServerError
+from sglang_omni.media.types import MIME_BY_KIND, sniff_mime
 
 GUARDRAILS_ENV = "SGLANG_DISABLE_COSMOS3_GUARDRAILS"
 AUDIO_FLAG = "stages.generation.factory.audio"
-MIME_BY_KIND = {"image": ("image/png", "image/jpeg", "image/webp"), "video": ("video/mp4",)}
 
 
 class AudioUnsupported(RuntimeError):

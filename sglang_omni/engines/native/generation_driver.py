@@ -16,12 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sglang_omni.errors import NativeRefusal
+
 DRIVER_ENV = "SGLANG_OMNI_DIFFUSION_DRIVER"
 _GENERATOR_LOGGER = "sglang.multimodal_gen.runtime.entrypoints.diffusion_generator"
-
-
-class NativeRefused(ValueError):
-    """Native SGLang refused the request's parameters (a client error)."""
 
 
 class NativeFailed(RuntimeError):
@@ -61,11 +59,11 @@ class DiffusionDriver(Protocol):
         """The FFmpeg executable native SGLang muxes audio with."""
 
     def generate(self, kwargs: dict[str, Any]) -> NativeOutput:
-        """One image or video; NativeRefused for parameters native refuses."""
+        """One image or video; NativeRefusal for parameters native refuses."""
 
     def generate_action(self, request: dict[str, Any], folder: str) -> dict[str, Any]:
         """One native action-route request (its JSON body); returns the JSON response body.
-        NativeRefused for a request native refuses, NativeFailed when it produced nothing."""
+        NativeRefusal for a request native refuses, NativeFailed when it produced nothing."""
 
     def abort(self, request_id: str) -> None:
         """Cancel ``request_id`` natively (only when ``native_abort()`` named a method)."""
@@ -157,7 +155,7 @@ class SGLangDiffusion:
         try:
             result = self.generator.generate(sampling_params_kwargs=kwargs)
         except (ValueError, TypeError) as exc:
-            raise NativeRefused(str(exc)) from None
+            raise NativeRefusal(str(exc)) from None
         finally:
             logger.removeHandler(reasons)
         if isinstance(result, list):
@@ -186,7 +184,7 @@ class SGLangDiffusion:
             sampling.output_path = folder  # the cancellation plugin looks here
             req = prepare_request(server_args=server_args, sampling_params=sampling)
         except (ValueError, TypeError) as exc:
-            raise NativeRefused(str(exc)) from None
+            raise NativeRefusal(str(exc)) from None
         output_batch = sync_scheduler_client.forward(req)
         if getattr(output_batch, "error", None):
             raise NativeFailed(str(output_batch.error))

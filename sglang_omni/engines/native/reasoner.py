@@ -40,7 +40,6 @@ from sglang.srt.managers.tokenizer_manager import ServerStatus
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, process_probe
 from sglang_omni.engines.native.reasoner_request import (
-    NativeRefusal,
     StreamReader,
     chat_request_fields,
     completion_result,
@@ -49,7 +48,7 @@ from sglang_omni.engines.native.reasoner_request import (
     refusal_from_error_body,
 )
 from sglang_omni.engines.native.server_args import resolve_server_args
-from sglang_omni.errors import BadRequest
+from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir
 from sglang_omni.media.settings import policy_from_spec
 
@@ -207,7 +206,7 @@ class NativeReasoner:
         result = completion_result(response.model_dump(mode="json"))
         if request.stream:
             raise NativeRefusal("native SGLang answered a streaming request without a "
-                                "stream", 500)
+                                "stream", ServerError.status)
         return result
 
 

@@ -22,26 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.engines.base import FRAME_SCHEME
-from sglang_omni.engines.synth_media import sniff_mime
-from sglang_omni.errors import BadRequest, OmniError
+from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
+from sglang_omni.media.types import sniff_mime
 
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
 #: Native chat request fields Omni sets itself; a stage_params value for them is refused.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 OPTION_FIELDS = ("logprobs", "top_logprobs")
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
-               503: "service_unavailable"}
-
-
-class NativeRefusal(OmniError):
-    """Native SGLang refused or failed a request; carries its HTTP status."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500
-                                    else "server_error")
 
 
 def new_native_rid() -> str:
@@ -135,7 +123,7 @@ def refusal_from_error_body(status: int, body: Any) -> NativeRefusal:
     error = body.get("error", body) if isinstance(body, dict) else {}
     message = error.get("message") if isinstance(error, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
-    if isinstance(code, int) and 400 <= code < 600:
+    if isinstance(code, int) and is_error_status(code):
         status = code
     return NativeRefusal(f"native SGLang: {message or 'request failed'}", status)
 
@@ -144,7 +132,7 @@ def completion_result(body: dict[str, Any]) -> dict[str, Any]:
     """The stage result payload of a native (non-streaming) chat completion body."""
     choices = body.get("choices") or []
     if not choices:
-        raise NativeRefusal("native SGLang returned no choice", 500)
+        raise NativeRefusal("native SGLang returned no choice", ServerError.status)
     choice = choices[0]
     result = {
         "text": (choice.get("message") or {}).get("content") or "",
@@ -190,7 +178,7 @@ class StreamReader:
 
     def _chunk(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
-            raise refusal_from_error_body(500, chunk)
+            raise refusal_from_error_body(ServerError.status, chunk)
         if chunk.get("usage") is not None:
             self.usage = _usage(chunk["usage"])
         for choice in chunk.get("choices") or []:
@@ -206,6 +194,6 @@ class StreamReader:
 
     def result(self) -> dict[str, Any]:
         if not self.done:
-            raise NativeRefusal("the native stream ended without [DONE]", 500)
+            raise NativeRefusal("the native stream ended without [DONE]", ServerError.status)
         return {"text": "".join(self.text), "finish_reason": self.finish_reason or "stop",
                 "usage": self.usage}

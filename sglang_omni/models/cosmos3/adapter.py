@@ -6,14 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sglang_omni.errors import BadRequest, ServerError
-from sglang_omni.models.cosmos3 import decision, prompts
-from sglang_omni.models.cosmos3.generation_options import (
+from sglang_omni.engines.generation_options import (
     DEFAULT_VIDEO_FRAMES,
     MEDIA_OPTIONS,
     check_generation_options,
     modalities_for,
 )
+from sglang_omni.errors import BadRequest, ServerError
+from sglang_omni.models.cosmos3 import decision, prompts
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.umm import (
     IMAGE,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
+from sglang_omni.engines.generation_options import DEFAULT_VIDEO_FRAMES
 from sglang_omni.errors import BadRequest
-from sglang_omni.models.cosmos3.generation_options import DEFAULT_VIDEO_FRAMES
 
 
 @dataclass(frozen=True)
