@@ -125,8 +125,13 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
                                   json_form: Any) -> Response:
         events = orchestrator.interleaved_events(run)
         if stream_form is not None:
+            # An async function: Starlette runs a sync background function in a worker
+            # thread, and the orchestrator's state belongs to the event loop.
+            async def end_run() -> None:
+                orchestrator.end_interleaved(run)
+
             return sse_response(stream_form(events), config.server.sse_keepalive_s,
-                                background=BackgroundTask(orchestrator.end_interleaved, run))
+                                background=BackgroundTask(end_run))
         try:
             done = await until_disconnect(request, collect(events))
         except ClientDisconnected:
@@ -234,9 +239,33 @@ async def _open_text_stream(request: Request, orchestrator: Orchestrator, rid: s
         await stream.aclose()
         raise
     sse = _text_chat_sse(rid, model, req, first, stream, ticket, orchestrator.ids)
-    weakref.finalize(sse, _release, ticket)  # a response that never starts still releases
-    weakref.finalize(sse, orchestrator.ids.finish, rid)
-    return sse_response(sse, orchestrator.config.server.sse_keepalive_s)
+    loop = asyncio.get_running_loop()
+
+    async def end() -> None:  # after the response, or the client gone; on the event loop
+        _release(ticket)
+        orchestrator.ids.finish(rid)
+
+    # A response that never starts still ends the request: the garbage collector may run the
+    # finalizer in any thread, so it hands the work to the event loop.
+    weakref.finalize(sse, _on_loop, loop, _release, ticket)
+    weakref.finalize(sse, _on_loop, loop, orchestrator.ids.finish, rid)
+    return sse_response(sse, orchestrator.config.server.sse_keepalive_s,
+                        background=BackgroundTask(end))
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)`` on ``loop``'s thread (now if this is it); dropped if it is closed."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        fn(*args)
+        return
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: the server is gone, and its state with it
+        pass
 
 
 def _release(ticket: AdmissionTicket | None) -> None:

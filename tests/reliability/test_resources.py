@@ -17,6 +17,7 @@ ABORTED = 1000
 CLIENTS = 16
 FD_SLACK = 4  # connections the server may still be closing
 RSS_SLACK = 50 * 2**20
+STREAM_DEADLINE_S = 30  # a stream that sends no segment for this long is stuck
 GEN = {"generation": {**SMALL, "num_inference_steps": 1}}
 ONE_IMAGE = script({"action": "image", "prompt": "a"}, {"action": "final", "text": "ok"})
 # Aborted in a Reasoner turn (after the headers) or in the second generation (after a segment).
@@ -42,9 +43,12 @@ def abort(http: httpx.Client, url: str, i: int) -> str | None:
         if resp.status_code != 200:
             return f"{resp.status_code} {resp.read()[:200]!r}"
         if prompt is IN_GENERATION:
-            for line in resp.iter_lines():
+            deadline = time.monotonic() + STREAM_DEADLINE_S
+            for line in resp.iter_lines():  # keep-alive comments bound the wait for a line
                 if line.startswith("event: segment"):
                     break
+                if time.monotonic() > deadline:
+                    return f"no segment within {STREAM_DEADLINE_S} s: the stream hangs"
     return None  # leaving the block closes the connection mid-stream
 
 
