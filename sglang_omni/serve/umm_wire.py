@@ -38,27 +38,24 @@ def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def media_data(segment: Segment, with_url: bool = True) -> dict[str, Any]:
-    """A media segment's ``data`` object; ``with_url`` adds the bytes as a base64 data URL."""
+def media_data(segment: Segment) -> dict[str, Any]:
+    """A media segment's ``data`` object, the bytes as a base64 data URL in ``url``."""
     assert segment.media is not None
-    data: dict[str, Any] = {"kind": segment.kind, "mime_type": segment.mime_type,
-                            "size_bytes": len(segment.media), "sha256": segment.sha256}
-    if with_url:
-        payload = base64.b64encode(segment.media).decode("ascii")
-        data["url"] = f"data:{segment.mime_type};base64,{payload}"
-    return data
+    payload = base64.b64encode(segment.media).decode("ascii")
+    return {"kind": segment.kind, "mime_type": segment.mime_type,
+            "size_bytes": len(segment.media), "sha256": segment.sha256,
+            "url": f"data:{segment.mime_type};base64,{payload}"}
 
 
 def segment_wire(segment: Segment, with_data: bool = True) -> dict[str, Any]:
-    """A segment's wire form; ``with_data=False`` gives the reference (media without the
-    bytes, text without the string)."""
+    """A segment's wire form; ``with_data=False`` gives the reference ``event: complete`` lists:
+    type, execution_id, segment_index and kind, without ``data`` (the spec's "references
+    without data")."""
     body: dict[str, Any] = {"type": "segment", "execution_id": segment.execution_id,
                             "segment_index": segment.segment_index, "kind": segment.kind}
-    if segment.kind == TEXT:
-        if with_data:
-            body["data"] = segment.text or ""
-    else:
-        body["data"] = media_data(segment, with_url=with_data)
+    if not with_data:
+        return body
+    body["data"] = (segment.text or "") if segment.kind == TEXT else media_data(segment)
     return body
 
 

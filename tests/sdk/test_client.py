@@ -55,7 +55,7 @@ def test_generate_stream_yields_chunks(server: Server) -> None:
     assert chunks[0].segment.kind == "video" and chunks[1].segment.text == "ok"
     assert chunks[2].finish_reason == "stop"
     assert [s.segment_index for s in chunks[2].segments] == [0, 1]
-    assert chunks[2].segments[0].media.url is None  # references carry no data
+    assert chunks[2].segments[0].data is None  # references carry no data
 
 
 def test_generate_non_streaming_matches_stream(server: Server) -> None:

@@ -155,8 +155,5 @@ def without_execution_id(segment: dict[str, Any]) -> dict[str, Any]:
 
 
 def reference(segment: dict[str, Any]) -> dict[str, Any]:
-    """A segment as ``event: complete`` lists it: media without url, text without data."""
-    ref = {k: v for k, v in segment.items() if k != "data"}
-    if segment["kind"] != "text":
-        ref["data"] = {k: v for k, v in segment["data"].items() if k != "url"}
-    return ref
+    """A segment as ``event: complete`` lists it: a reference without data."""
+    return {k: v for k, v in segment.items() if k != "data"}
