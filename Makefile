@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine; each creates .venv and installs what it needs.
+# Entry points for a fresh machine (demo, serve-demo, test, lint, bench); each creates .venv
+# and installs what it needs.
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed-dev-hf
@@ -20,8 +21,9 @@ serve-demo: $(STAMP)  ## the interleaved pipeline on the CPU with the scripted e
 test: $(STAMP)  ## the whole test suite
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff on the code and tests, mypy on the package (CI runs both)
 	$(VENV)/bin/ruff check sglang_omni tests benchmarks
+	$(VENV)/bin/mypy sglang_omni
 
-bench: $(STAMP)
+bench: $(STAMP)  ## the IPC relay benchmark
 	$(VENV)/bin/python benchmarks/ipc_relay.py

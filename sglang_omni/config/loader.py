@@ -162,11 +162,11 @@ def _resolve_stage(spec: StageSpec, raw: Any, visible: int) -> StageConfig:
     for key, fld in spec.factory_fields.items():
         factory[key] = copy.deepcopy(fld.default)
     for key, value in factory_raw.items():
-        fld = spec.factory_fields.get(key)
-        if fld is None:
+        found = spec.factory_fields.get(key)
+        if found is None:
             known = ", ".join(sorted(spec.factory_fields))
             raise ConfigError(f"{prefix}.factory.{key}: unknown option; {spec.name} takes {known}")
-        factory[key] = _check_factory_value(f"{prefix}.factory.{key}", fld, value)
+        factory[key] = _check_factory_value(f"{prefix}.factory.{key}", found, value)
     engine = raw.get("engine") or {}
     if not isinstance(engine, dict):
         raise ConfigError(f"{prefix}.engine: must be a mapping of native server arguments")

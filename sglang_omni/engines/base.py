@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 FRAME_SCHEME = "omni-frame://"
+#: Native chat request fields Omni sets from the request itself; refused under stage_params.
+OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 
 
 @dataclass
@@ -40,11 +42,11 @@ class Job:
 
     rid: str
     payload: dict[str, Any]
-    frames: list[bytes]
+    frames: list[bytes | bytearray]
     emit: Callable[[dict[str, Any]], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def frame_for(self, url: str) -> bytes | None:
+    def frame_for(self, url: str) -> bytes | bytearray | None:
         """The inline bytes an ``omni-frame://N`` url names, or None for other urls."""
         if not url.startswith(FRAME_SCHEME):
             return None
@@ -108,9 +110,10 @@ def build_engine(spec: EngineSpec) -> Engine:
         if any(backend == spec.backend for backend, _ in ENGINES):
             raise RuntimeError(f"stages.{spec.stage}: the {spec.backend} backend has no engine "
                                f"for role {spec.role!r}; use a reasoner or generation stage")
+        known = ", ".join(sorted({backend for backend, _ in ENGINES}))
         raise RuntimeError(
-            f"stages.{spec.stage}.factory.backend: {spec.backend!r} is not available in this "
-            "build; use backend scripted"
+            f"stages.{spec.stage}.factory.backend: {spec.backend!r} is not a backend; use one "
+            f"of {known}"
         )
     module_name, _, class_name = target.partition(":")
     engine_cls = getattr(importlib.import_module(module_name), class_name)

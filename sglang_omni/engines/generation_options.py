@@ -31,7 +31,21 @@ NOT_HERE = {
     "n": "each generation returns exactly one media item",
 }
 ACTION_MODES = ("forward_dynamics",)
+#: Generation defaults where a request leaves them unset (native ``Cosmos3SamplingParams.fps``
+#: in SGLang 0.5.23 is 24; interleaved videos default to 33 frames, as the spec says).
 DEFAULT_VIDEO_FRAMES = 33
+DEFAULT_FPS = 24
+
+
+def check_option_value(where: str, key: str, value: Any) -> None:
+    """BadRequest at ``where`` unless ``value`` (not None) has the type option ``key`` takes,
+    and is positive where it must be."""
+    types = OPTIONS[key]
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        names = "/".join("number" if t is float else t.__name__ for t in types)
+        raise BadRequest(f"{where}: expected {names}, got {value!r}")
+    if key in POSITIVE and isinstance(value, int) and value <= 0:
+        raise BadRequest(f"{where}: expected a positive integer, got {value!r}")
 
 
 def check_generation_options(options: Any) -> dict[str, Any]:
@@ -46,17 +60,12 @@ def check_generation_options(options: Any) -> dict[str, Any]:
         if key in NOT_HERE:
             raise BadRequest(f"{where}: not accepted by the interleaved pipeline: "
                              f"{NOT_HERE[key]}; remove it")
-        types = OPTIONS.get(key)
-        if types is None:
+        if key not in OPTIONS:
             raise BadRequest(f"{where}: not an option of the native image and video routes; "
                              f"accepted: {', '.join(sorted(OPTIONS))}")
         if value is None:
             continue
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            names = "/".join("number" if t is float else t.__name__ for t in types)
-            raise BadRequest(f"{where}: expected {names}, got {value!r}")
-        if key in POSITIVE and value <= 0:
-            raise BadRequest(f"{where}: expected a positive integer, got {value!r}")
+        check_option_value(where, key, value)
         if key == "action_mode" and value not in ACTION_MODES:
             raise BadRequest(f"{where}: {value!r} returns actions, not media; the interleaved "
                              f"pipeline takes {', '.join(ACTION_MODES)} (use the direct "

@@ -22,11 +22,11 @@ request before its stage reports ready unless ``engine.skip_server_warmup`` is s
 native SGLang's scheduler and detokenizer, one that exits stops the stage, and the stage's exit
 stops the server.
 
-Generator: PNG (default 640x640) or H.264 MP4 (``num_frames`` 33 at ``fps`` 24) whose pixels are a
-function of prompt, seed, size and frame index, after ``num_inference_steps`` (4) steps of
-``factory.step_time_s`` seconds, cancellable between steps. Prompt directives: ``!no-media``,
-``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``, and ``!size=N`` (media
-padded with trailing zeros to N bytes, for benchmarks). Direct generation's actions
+Generator: PNG (default 640x640) or H.264 MP4 (``DEFAULT_VIDEO_FRAMES`` at ``DEFAULT_FPS``) whose
+pixels are a function of prompt, seed, size and frame index, after ``num_inference_steps``
+(4) steps of ``factory.step_time_s`` seconds, cancellable between steps. Prompt directives:
+``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``, and ``!size=N``
+(media padded with trailing zeros to N bytes, for benchmarks). Direct generation's actions
 (``modality`` ``action``, the native action route's body in ``request``) are checked as the
 native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
 (16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
@@ -47,11 +47,13 @@ from typing import Any
 import psutil
 
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_VIDEO_FRAMES
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
-from sglang_omni.engines.native.server_args import resolve_server_args
-from sglang_omni.engines.synth_media import encode_mp4, encode_png, frame_pixels
+from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
+from sglang_omni.engines.synth_media import frame_pixels
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media.encode import encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
 
@@ -59,7 +61,6 @@ log = logging.getLogger("sglang_omni.scripted")
 
 SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
 MEDIA_PART_KEYS = {"image_url": "image", "video_url": "video"}
-WARMUP_TEXT = "The capital city of France is"
 
 
 # --- Reasoner --------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ class ScriptedReasoner:
         if self.server_args.skip_warmup:
             log.info("warmup skipped (engine.skip_server_warmup)")
             return
-        warmup = Job("warmup", {"messages": [{"role": "user", "content": WARMUP_TEXT}]}, [],
+        warmup = Job("warmup", {"messages": [{"role": "user", "content": WARMUP_PROMPT}]}, [],
                      emit=lambda _: None)
         answer = await self.run(warmup)
         log.info("warmup request answered before ready: %r", answer.payload["text"])
@@ -277,8 +278,8 @@ class ScriptedGenerator:
                        "seed": action.get("seed")}
         width = _int_option(options, "width", 640)
         height = _int_option(options, "height", 640)
-        frames = _int_option(options, "num_frames", 33)
-        fps = _int_option(options, "fps", 24)
+        frames = _int_option(options, "num_frames", DEFAULT_VIDEO_FRAMES)
+        fps = _int_option(options, "fps", DEFAULT_FPS)
         steps = _int_option(options, "num_inference_steps", 4)
         seed = int(options.get("seed", 0) or 0)
         directive = DIRECTIVE_RE.match(prompt)
@@ -287,7 +288,7 @@ class ScriptedGenerator:
             log.error("request %s: !crash directive, exiting the stage process now", job.rid)
             os._exit(70)
         if name and name.startswith("sleep="):
-            await asyncio.sleep(float(directive.group(2)))
+            await asyncio.sleep(float(name.removeprefix("sleep=")))
         for step in range(steps):
             try:
                 if self.step_time_s > 0:
@@ -322,7 +323,7 @@ class ScriptedGenerator:
         elif name == "oversize":
             data = data + b"\0" * (INLINE_LIMIT + 1 - len(data))
         elif name and name.startswith("size="):
-            data = data + b"\0" * max(0, int(directive.group(3)) - len(data))
+            data = data + b"\0" * max(0, int(name.removeprefix("size=")) - len(data))
         items = [{"kind": modality, "mime_type": mime, "frame": 0}]
         media_frames = [data]
         if name == "extra":

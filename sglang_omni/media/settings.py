@@ -14,8 +14,9 @@ def policy_from_spec(settings: dict[str, Any]) -> MediaPolicy:
     "fetch_deadline_s": float}`` (missing keys: the ``MediaPolicy`` defaults, which are the
     secure ones: no local files, public hosts only)."""
     local = settings.get("allowed_local_media_path")
-    timeouts = {k: float(settings[k]) for k in ("fetch_timeout_s", "fetch_deadline_s")
-                if settings.get(k) is not None}
+    timeouts: dict[str, Any] = {k: float(settings[k])
+                                for k in ("fetch_timeout_s", "fetch_deadline_s")
+                                if settings.get(k) is not None}
     return MediaPolicy(allowed_local_media_path=Path(local) if local else None,
                        allowed_media_domains=tuple(settings.get("allowed_media_domain") or ()),
                        max_media_parts=settings.get("max_media_parts"),

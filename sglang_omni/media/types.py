@@ -24,3 +24,9 @@ def sniff_mime(data: bytes) -> str | None:
     if len(data) >= 12 and data[4:8] == b"ftyp":
         return "video/mp4"
     return None
+
+
+def media_type_of(kind: str, data: bytes | bytearray) -> str | None:
+    """The MIME type of ``data`` when its bytes are media of ``kind``; None otherwise."""
+    mime = sniff_mime(bytes(data[:16]))
+    return mime if mime in MIME_BY_KIND.get(kind, ()) else None

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_omni.errors import ServerError
-from sglang_omni.media.types import INLINE_LIMIT, MIME_BY_KIND, sniff_mime
+from sglang_omni.media.types import INLINE_LIMIT, MIME_BY_KIND, media_type_of
 from sglang_omni.runtime.ipc import Frames
 
 
-def check_generated_media(kind: str, payload: dict[str, Any],
-                          frames: Frames) -> tuple[bytes | bytearray, str]:
-    """Exactly one item of ``kind`` within the inline limit whose bytes are what they claim;
-    ServerError otherwise (the request fails)."""
+def check_generated_media(kind: str, payload: dict[str, Any], frames: Frames, *,
+                          inline_limit: int | None = INLINE_LIMIT) -> tuple[bytes | bytearray, str]:
+    """Exactly one item of ``kind`` within ``inline_limit`` bytes (None: no limit, as on the
+    direct generation routes) whose bytes are what they claim; ServerError otherwise (the
+    request fails)."""
     items = payload.get("media") or []
     if not items:
         reason = payload.get("reason") or "no reason given"
@@ -26,13 +27,13 @@ def check_generated_media(kind: str, payload: dict[str, Any],
     if not isinstance(index, int) or not 0 <= index < len(frames):
         raise ServerError(f"the {kind} generation returned a media item without its bytes")
     data = frames[index]
-    if len(data) > INLINE_LIMIT:
-        raise ServerError(f"the generated {kind} is {len(data)} bytes, over the 8 MiB inline "
-                          "limit")
+    if inline_limit is not None and len(data) > inline_limit:
+        raise ServerError(f"the generated {kind} is {len(data)} bytes, over the "
+                          f"{inline_limit // (1024 * 1024)} MiB inline limit")
     declared = item.get("mime_type")
     if item.get("kind") != kind or declared not in MIME_BY_KIND[kind]:
         raise ServerError(f"the {kind} generation returned a {item.get('kind')} item of type "
                           f"{declared}")
-    if sniff_mime(bytes(data[:16])) != declared:
+    if media_type_of(kind, data) != declared:
         raise ServerError(f"the generated {kind} is malformed: its bytes are not {declared}")
     return data, declared

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +210,7 @@ class Orchestrator:
         return self.chat_admission.enter() if self.chat_admission is not None else None
 
     async def text_chat(self, rid: str, req: ChatRequest
-                        ) -> AsyncIterator[dict[str, Any] | StageResult]:
+                        ) -> AsyncGenerator[dict[str, Any] | StageResult, None]:
         """One Reasoner completion: yields ``{"text": delta}`` chunks, then the StageResult."""
         self.check_healthy()
         payload = {
@@ -266,7 +266,8 @@ class Orchestrator:
         run.close()
         self.release(run.request.rid)
 
-    async def interleaved_events(self, run: UMMRun) -> AsyncIterator[Segment | Complete]:
+    async def interleaved_events(self, run: UMMRun
+                                 ) -> AsyncGenerator[Segment | Complete, None]:
         """Drive an admitted run; releases its admission when the iterator ends."""
         try:
             async for event in run.events():

@@ -610,11 +610,11 @@ class GenerationPlanner:
 
         lowered, raised = [], []
         for rid, old in before.items():
-            req = self._requests.get(rid)
-            if req is not None and req.allowance < old:
-                lowered.append(PlanChange(rid, old, req.allowance))
-            elif req is not None and req.allowance > old:
-                raised.append(PlanChange(rid, old, req.allowance))
+            cur = self._requests.get(rid)
+            if cur is not None and cur.allowance < old:
+                lowered.append(PlanChange(rid, old, cur.allowance))
+            elif cur is not None and cur.allowance > old:
+                raised.append(PlanChange(rid, old, cur.allowance))
         return PlanUpdate(lowered=tuple(lowered), raised=tuple(raised),
                           receipts=tuple(result.receipts), failed=tuple(failed),
                           turn=result.turn, admission=result.admission,

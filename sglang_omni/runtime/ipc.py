@@ -116,7 +116,7 @@ class Channel:
 
     def recv(self) -> tuple[dict[str, Any], Frames]:
         header = msgpack.unpackb(self._recv_piece())
-        frames = [self._recv_piece() for _ in range(header.pop("nframes", 0))]
+        frames: Frames = [self._recv_piece() for _ in range(header.pop("nframes", 0))]
         return header, frames
 
     def _recv_piece(self) -> bytearray:

@@ -176,13 +176,18 @@ class _StageServer:
                 self.send_error({"rid": rid, "token": token},
                                 BadRequest(f"request {rid} is already running on this stage"))
                 return
-            job = Job(rid, header["payload"], frames,
-                      emit=lambda data, r=rid, t=token: self.send(
-                          {"op": "chunk", "rid": r, "token": t, "data": data}))
+
+            def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
+                self.send({"op": "chunk", "rid": r, "token": t, "data": data})
+
+            job = Job(rid, header["payload"], frames, emit=emit)
             task = asyncio.get_running_loop().create_task(self.engine.run(job))
             started = time.perf_counter()
-            task.add_done_callback(
-                lambda t, j=job, k=token, t0=started: self._finished(j, k, t, t0))
+
+            def done(t: asyncio.Task, j: Job = job, k: int = token, t0: float = started) -> None:
+                self._finished(j, k, t, t0)
+
+            task.add_done_callback(done)
             self.jobs[rid] = (job, task, token)
         elif op == "abort":
             entry = self.jobs.get(header["rid"])

@@ -12,20 +12,22 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from sglang_omni.engines.base import OMNI_OWNED_FIELDS
 from sglang_omni.errors import BadRequest
-from sglang_omni.pipeline.chat_request import ChatRequest
+from sglang_omni.pipeline.chat_request import (
+    LENGTH_STOP_FIELDS,
+    OUTPUT_FIELDS,
+    SAMPLING_FIELDS,
+    ChatRequest,
+)
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty", "seed")
-LENGTH_STOP_FIELDS = ("max_tokens", "max_completion_tokens", "stop", "stop_token_ids",
-                      "min_tokens", "ignore_eos", "skip_special_tokens", "no_stop_trim")
+#: Top-level fields that go to the Reasoner with the request's sampling.
+SAMPLING_LIKE_FIELDS = SAMPLING_FIELDS + LENGTH_STOP_FIELDS + OUTPUT_FIELDS
 VIDEO_OPTIONS = ("video_fps", "video_max_frames", "video_min_frames", "max_frames", "fps",
                  "video_max_pixels", "video_min_pixels", "do_sample_frames")
 ENVELOPE_FIELDS = ("model", "messages", "stream", "stream_options", "rid", "images", "videos",
                    "stage_params", "stage_sampling", "user", "n", "tools", "tool_choice",
                    "logprobs", "top_logprobs", "response_format", "return_logprob")
-#: Native request fields Omni sets from the request itself; refused under stage_params.
-OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 #: Fields that take a number (int or float) and those that take a whole number; null is unset.
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
@@ -136,7 +138,7 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
         if key in body:
             raise BadRequest(f"{key}: video processing options are not accepted; native SGLang "
                              "reads video only from video_url content parts")
-    unknown = [k for k in body if k not in ENVELOPE_FIELDS + SAMPLING_FIELDS + LENGTH_STOP_FIELDS]
+    unknown = [k for k in body if k not in ENVELOPE_FIELDS + SAMPLING_LIKE_FIELDS]
     if unknown:
         raise BadRequest(f"{unknown[0]}: not a field of this route; put other native chat "
                          f"fields under stage_params.{reasoner_stage}")
@@ -180,7 +182,7 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options: expected an object")
-    sampling = {k: body[k] for k in SAMPLING_FIELDS + LENGTH_STOP_FIELDS if k in body}
+    sampling = {k: body[k] for k in SAMPLING_LIKE_FIELDS if k in body}
     response_format = body.get("response_format")
     if response_format is not None and not isinstance(response_format, dict):
         raise BadRequest("response_format: expected an object")

@@ -6,17 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.errors import BadRequest
-from sglang_omni.serve.chat_request import (
-    LENGTH_STOP_FIELDS,
-    SAMPLING_FIELDS,
-    parse_chat_request,
-)
+from sglang_omni.serve.chat_request import SAMPLING_LIKE_FIELDS, parse_chat_request
 
 ROLLOUT_ARTIFACTS = ("return_logprob", "return_hidden_states", "return_routed_experts",
                      "return_text_in_logprobs", "return_entropy", "return_prompt_token_ids")
 LOGPROB_OPTIONS = ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
 FIELDS = ("prompt", "messages", "images", "videos", "stream", "rid", "model", "stage_params",
-          "stage_sampling") + SAMPLING_FIELDS + LENGTH_STOP_FIELDS + ROLLOUT_ARTIFACTS \
+          "stage_sampling") + SAMPLING_LIKE_FIELDS + ROLLOUT_ARTIFACTS \
     + LOGPROB_OPTIONS
 
 

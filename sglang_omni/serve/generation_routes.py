@@ -33,17 +33,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import OPTIONS, POSITIVE
+from sglang_omni.engines.generation_options import DEFAULT_FPS, check_option_value
 from sglang_omni.errors import BadRequest, NotFound, OmniError, ServerError, ServiceUnavailable
 from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.refs import check_generation_options, check_media_refs
-from sglang_omni.media.types import MIME_BY_KIND, sniff_mime
 from sglang_omni.models.cosmos3.action_request import action_options, check_action_request
 from sglang_omni.models.cosmos3.generation_limits import (
     ACTION_DEFAULTS,
     check_generation_limits,
     size_multiple,
 )
+from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
@@ -55,8 +55,7 @@ log = logging.getLogger("sglang_omni.serve")
 
 MAX_VIDEO_JOBS = 64
 VIDEO_RETENTION_S = 3600
-DEFAULT_FPS = 24  # the native video route's defaults
-DEFAULT_SECONDS = 4
+DEFAULT_SECONDS = 4  # the native video route's default length
 VIDEO_EXTENSIONS = (".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".webm")
 
 IMAGE_OPTIONS = ("width", "height", "seed", "num_inference_steps", "guidance_scale",
@@ -101,15 +100,6 @@ def _flatten(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_option(key: str, value: Any) -> None:
-    types = OPTIONS[key]
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        names = "/".join("number" if t is float else t.__name__ for t in types)
-        raise BadRequest(f"{key}: expected {names}, got {value!r}")
-    if key in POSITIVE and value <= 0:
-        raise BadRequest(f"{key}: expected a positive integer, got {value!r}")
-
-
 def _split(body: dict[str, Any], fields: tuple[str, ...], options: tuple[str, ...],
            route: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The route fields and the generation options of a body; 400 naming a wrong field."""
@@ -123,7 +113,7 @@ def _split(body: dict[str, Any], fields: tuple[str, ...], options: tuple[str, ..
             route_fields[key] = value
         elif key in options:
             if value is not None:
-                _check_option(key, value)
+                check_option_value(key, key, value)
                 opts[key] = value
         else:
             raise BadRequest(f"{key}: not a field of {route} on this server; accepted: "
@@ -159,22 +149,10 @@ def _is_video_source(ref: Any) -> bool:
 
 # --- results -----------------------------------------------------------------------------------
 def single_media(kind: str, result: StageResult) -> bytes:
-    """The one ``kind`` item a generation returned; ServerError (500) otherwise."""
-    items = result.payload.get("media") or []
-    if not items:
-        reason = result.payload.get("reason") or "no reason given"
-        raise ServerError(f"the {kind} generation ended without media ({reason}); the "
-                          "generation stage log has the details")
-    item = items[0]
-    index = item.get("frame")
-    if len(items) != 1 or not isinstance(index, int) or not 0 <= index < len(result.frames):
-        raise ServerError(f"the {kind} generation did not return exactly one media item")
-    data = bytes(result.frames[index])
-    declared = item.get("mime_type")
-    if item.get("kind") != kind or declared not in MIME_BY_KIND[kind] \
-            or sniff_mime(data[:16]) != declared:
-        raise ServerError(f"the generated {kind} is malformed: its bytes are not {declared}")
-    return data
+    """The one ``kind`` item a generation returned; ServerError (500) otherwise. The inline
+    limit of interleaved media does not apply: direct routes hold their media themselves."""
+    data, _ = check_generated_media(kind, result.payload, result.frames, inline_limit=None)
+    return bytes(data)
 
 
 @dataclass

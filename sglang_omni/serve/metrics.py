@@ -38,5 +38,5 @@ class _StageCollector:
 
 def build_registry(orchestrator: Orchestrator) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_StageCollector(orchestrator))  # type: ignore[arg-type]
+    registry.register(_StageCollector(orchestrator))
     return registry

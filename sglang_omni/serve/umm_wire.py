@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from sglang_omni.errors import OmniError
@@ -47,6 +48,14 @@ def media_data(segment: Segment) -> dict[str, Any]:
             "url": f"data:{segment.mime_type};base64,{payload}"}
 
 
+def _segment_event(segment: Segment) -> str:
+    return sse_event("segment", segment_wire(segment))
+
+
+def _segment_chunk(rid: str, model: str, segment: Segment) -> str:
+    return sse_data(chunk_body(rid, model, _segment_delta(segment)))
+
+
 def segment_wire(segment: Segment, with_data: bool = True) -> dict[str, Any]:
     """A segment's wire form; ``with_data=False`` gives the reference ``event: complete`` lists:
     type, execution_id, segment_index and kind, without ``data`` (the spec's "references
@@ -73,7 +82,7 @@ async def generate_sse(events: AsyncIterator[Segment | Complete],
     try:
         async for event in events:
             if isinstance(event, Segment):
-                yield await encoded(event, lambda e=event: sse_event("segment", segment_wire(e)))
+                yield await encoded(event, partial(_segment_event, event))
             else:
                 yield sse_event("complete", {
                     "execution_id": event.segments[0].execution_id if event.segments else None,
@@ -113,8 +122,7 @@ async def chat_sse(rid: str, model: str, include_usage: bool,
     try:
         async for event in events:
             if isinstance(event, Segment):
-                yield await encoded(event, lambda e=event: sse_data(chunk_body(
-                    rid, model, _segment_delta(e))))
+                yield await encoded(event, partial(_segment_chunk, rid, model, event))
             else:
                 usage = chat_usage(event.usage) if include_usage else None
                 yield sse_data(chunk_body(rid, model, {}, event.finish_reason, usage))

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
+from tests.kit import metric as metric  # shared; re-exported for the chat tests
 from tests.server import SCRIPTED_CHAT, Server
 
 CHAT = "/v1/chat/completions"
@@ -68,15 +69,6 @@ def answer(server: Server, body: dict[str, Any]) -> str:
         assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1]), resp.text
         return streamed_text(resp.text)
     return resp.json()["choices"][0]["message"]["content"]
-
-
-def metric(server: Server, stage: str, outcome: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
-    for line in text.splitlines():
-        if line.startswith(needle):
-            return float(line[len(needle):])
-    raise AssertionError(f"no metric {needle}")
 
 
 @dataclass

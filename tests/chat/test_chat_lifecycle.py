@@ -16,20 +16,12 @@ import psutil
 import pytest
 
 from tests.chat.kit import CHAT, TEXT_ONLY, chat, metric, say, sse_events
+from tests.kit import wait_until
 from tests.server import Server
 
 SLOW = {"delay_s": 30}
 NATIVE_LIKE = [*TEXT_ONLY, "--reasoner.factory.children", "2",
                "--reasoner.factory.native_lifecycle", "true"]
-
-
-def wait_until(condition, timeout: float = 10) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def stage_children(server: Server) -> list[psutil.Process]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -17,6 +16,7 @@ from sglang_omni.engines.native.server_args import ServerArgsError, resolve_serv
 from sglang_omni.errors import ConfigError, ServiceUnavailable
 from sglang_omni.pipeline.chat_admission import ChatAdmission
 from tests.chat.kit import CHAT, TEXT_ONLY, chat, media_host, say, script
+from tests.kit import wait_until
 from tests.server import Server
 
 SLOW = {"delay_s": 30}
@@ -155,15 +155,6 @@ def bounded() -> Iterator[Server]:
                 "--reasoner.engine.max_queued_requests", "1",
                 "--allowed-media-domain", "127.0.0.1") as srv:  # the loopback media host
         yield srv
-
-
-def wait_until(condition, timeout: float = 10) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.mark.parametrize("stream", [False, True])

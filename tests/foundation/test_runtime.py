@@ -12,18 +12,10 @@ import httpx
 import psutil
 import pytest
 
+from tests.kit import metric
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
 SLOW_SCRIPT = '<omni-script>[{"action": "final", "text": "late", "delay_s": 30}]</omni-script>'
-
-
-def metric(server: Server, stage: str, outcome: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
-    for line in text.splitlines():
-        if line.startswith(needle):
-            return float(line[len(needle):])
-    raise AssertionError(f"no metric {needle}")
 
 
 def test_ready_handshake_health_and_models() -> None:

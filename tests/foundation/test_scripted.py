@@ -176,3 +176,15 @@ def test_text_only_chat_through_http() -> None:
         second = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
         text = first["choices"][0]["message"]["content"]
         assert text == second["choices"][0]["message"]["content"] and "what is up" in text
+
+
+def test_an_unknown_backend_names_the_backends_there_are() -> None:
+    from sglang_omni.engines.base import build_engine
+
+    with pytest.raises(RuntimeError) as info:
+        build_engine(EngineSpec(stage="reasoner", role="reasoner", backend="vllm",
+                                model_path=None, gpu=None, gpu_memory_fraction=None,
+                                factory={}, engine={}))
+    message = str(info.value)
+    assert message.startswith("stages.reasoner.factory.backend: 'vllm'"), message
+    assert "hf, native, scripted" in message, message

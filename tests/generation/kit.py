@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from PIL import Image
 
+from tests.kit import wait_for as wait_for  # shared; re-exported for the generation tests
 from tests.server import SCRIPTED_GENERATION, Server
 
 HTTP = httpx.Client(timeout=60)
@@ -25,16 +24,6 @@ def metric(server: Server, outcome: str, stage: str = "generation") -> float:
         if match and match[1] == outcome and match[2] == stage:
             return float(match[3])
     raise AssertionError(f"no {stage}/{outcome} job counter in /metrics")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0, poll: float = 0.05) -> float:
-    """Seconds until ``condition()`` held; AssertionError after ``timeout``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(poll)
-    return time.monotonic() - start
 
 
 def png_size(data: bytes) -> tuple[int, int]:

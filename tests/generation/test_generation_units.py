@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.native import cancellation_plugin as plugin
 from sglang_omni.engines.native.cancellation_plugin_site import CancellationPluginSite
 from sglang_omni.engines.native.generation import native_gpu_count, sampling_kwargs
@@ -23,7 +24,6 @@ from sglang_omni.engines.native.generation_cancellation import (
 from sglang_omni.engines.native.generation_checks import (
     AudioUnsupported,
     check_ffmpeg_aac,
-    guardrails_state,
     read_generated,
 )
 from sglang_omni.engines.synth_media import encode_png, frame_pixels

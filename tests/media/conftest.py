@@ -6,7 +6,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from media_http_server import Handler, MediaServer, ServerState, bind_pair
+
+from tests.media.media_http_server import Handler, MediaServer, ServerState, bind_pair
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from media_http_server import PNG, MediaServer
 
 from sglang_omni.errors import MediaFetchFailed, MediaRefused, OmniError
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes, materialize
+from tests.media.media_http_server import PNG, MediaServer
 
 LABEL = "messages[0].content[0].image_url"
 SMALL_MB = 0.01  # 10485 bytes

@@ -12,12 +12,12 @@ import ipaddress
 from pathlib import Path
 
 import pytest
-from media_http_server import PNG, MediaServer
 
 from sglang_omni.errors import MediaFetchFailed, MediaRefused
 from sglang_omni.media import MediaPolicy, RequestMediaDir, fetch_remote, load_bytes
 from sglang_omni.media.resolve import PinnedAddress, pinned_request
 from sglang_omni.media.urls import parse_remote_url
+from tests.media.media_http_server import PNG, MediaServer
 
 LABEL = "images[0]"
 PUBLIC = "93.184.216.34"  # a public address; nothing answers there in the test sandbox

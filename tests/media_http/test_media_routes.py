@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.kit import metric
 from tests.media.media_http_server import PNG, MediaServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
@@ -38,13 +39,6 @@ def server(media_root: Path, tmpdir_env: Path) -> Iterator[Server]:
                 "--allowed-local-media-path", str(media_root),
                 env={"TMPDIR": str(tmpdir_env)}) as srv:
         yield srv
-
-
-def metric(server: Server, stage: str, outcome: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
-    return next(float(line[len(needle):]) for line in text.splitlines()
-                if line.startswith(needle))
 
 
 def chat(server: Server, url: str, *entries: dict, timeout: float = 30) -> httpx.Response:

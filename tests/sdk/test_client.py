@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import pytest
 
 from sglang_omni.client import Client, OmniClientError
 from sglang_omni.client.types import UMMCompletionResult, UMMGenerateChunk
+from tests.kit import metric
 from tests.server import SCRIPTED_UMM, Server
 
 SMALL = {"generation": {"width": 32, "height": 32, "num_frames": 5}}
@@ -17,13 +17,6 @@ SMALL = {"generation": {"width": 32, "height": 32, "num_frames": 5}}
 
 def script(*entries: object) -> str:
     return f"<omni-script>{json.dumps(list(entries))}</omni-script> go"
-
-
-def metric(server: Server, stage: str, outcome: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
-    return next(float(line[len(needle):]) for line in text.splitlines()
-                if line.startswith(needle))
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,15 @@ import hashlib
 import io
 import json
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 from PIL import Image
 
+from tests.kit import metric as metric  # shared; re-exported for the umm tests
+from tests.kit import wait_for as wait_for
 from tests.server import SCRIPTED_UMM, Server
 
 # Widths of 128 give reproducible MP4 bytes from the scripted generator (smaller frames do not:
@@ -54,20 +55,6 @@ def counts(server: Server) -> dict[tuple[str, str], float]:
             out[match[2], match[1]] = float(match[3])
     assert out, "no sgl_omni_stage_jobs_total in /metrics"
     return out
-
-
-def metric(server: Server, stage: str, outcome: str) -> float:
-    return counts(server)[stage, outcome]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0, poll: float = 0.02) -> float:
-    """Seconds until ``condition()`` held; AssertionError after ``timeout``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(poll)
-    return time.monotonic() - start
 
 
 @contextmanager

@@ -89,7 +89,7 @@ def decode_video(data: bytes, label: str = "video") -> Video:
     import numpy as np
 
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), "r") as container:
             stream = container.streams.video[0]
             rate = stream.average_rate or stream.base_rate or 24
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]

@@ -16,15 +16,18 @@ a GPU) and ``defaults`` (generation options used where a request leaves them uns
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
-from sglang_omni.engines.generation_options import check_generation_options
+from sglang_omni.engines.generation_options import (
+    DEFAULT_FPS,
+    DEFAULT_VIDEO_FRAMES,
+    check_generation_options,
+)
+from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -35,18 +38,15 @@ from sglang_omni.engines.hf.common import (
     torch_dtype,
 )
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
-from sglang_omni.engines.synth_media import encode_png
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
+from sglang_omni.media.encode import encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}}
 SIZE_MULTIPLE = 16
 DEFAULT_SIZE = 640
-DEFAULT_VIDEO_FRAMES = 33
-DEFAULT_FPS = 24
 DEFAULT_SEED = 0
-GUARDRAILS_OFF_ENV = "SGLANG_DISABLE_COSMOS3_GUARDRAILS"
 
 
 @dataclass
@@ -215,16 +215,11 @@ class HFGenerator(ThreadedModelEngine):
 
 
 def _guardrails_wanted() -> bool:
-    """Cosmos guardrails run when cosmos-guardrail is installed, unless turned off by env."""
-    if os.environ.get(GUARDRAILS_OFF_ENV) == "1":
-        return False
-    try:
-        import cosmos_guardrail  # noqa: F401
-    except ImportError:
-        log.warning("cosmos-guardrail is not installed: generation runs without the Cosmos "
-                    "guardrails (set %s=1 to say so explicitly)", GUARDRAILS_OFF_ENV)
-        return False
-    return True
+    """Whether the Cosmos guardrails run (``engines.guardrails``); logs why when they do not."""
+    on, line = guardrails_state(os.environ)
+    if not on:
+        log.warning("%s", line)
+    return on
 
 
 async def _to_thread(fn: Any, *args: Any) -> Any:
@@ -249,37 +244,3 @@ def _encode(modality: str, outcome: tuple[Any, Any], fps: int,
         return encode_png(frames[0]), "image/png"
     return encode_mp4(list(frames), fps, sound, sample_rate), "video/mp4"
 
-
-def encode_mp4(frames: list[Any], fps: int, sound: Any = None,
-               sample_rate: int | None = None) -> bytes:
-    """H.264 (yuv420p, one encoder thread, so the bytes are reproducible) in MP4, with the
-    ``sound`` waveform (channels, samples) in [-1, 1] as an AAC track when given."""
-    import av
-    import numpy as np
-
-    height, width = frames[0].shape[:2]
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as container:
-        video = container.add_stream("libx264", rate=fps, options={"threads": "1"})
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        video.codec_context.time_base = Fraction(1, fps)
-        audio = None
-        if sound is not None and sample_rate:
-            layout = "stereo" if sound.shape[0] == 2 else "mono"
-            audio = container.add_stream("aac", rate=sample_rate, layout=layout)
-        for index, pixels in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-            frame.pts, frame.time_base = index, Fraction(1, fps)
-            container.mux(video.encode(frame))
-        container.mux(video.encode())
-        if audio is not None:
-            samples = np.ascontiguousarray(np.clip(sound, -1.0, 1.0).astype(np.float32))
-            size = audio.codec_context.frame_size or 1024
-            for start in range(0, samples.shape[1], size):
-                chunk = av.AudioFrame.from_ndarray(
-                    np.ascontiguousarray(samples[:, start:start + size]), format="fltp",
-                    layout=layout)
-                chunk.sample_rate, chunk.pts = sample_rate, start
-                container.mux(audio.encode(chunk))
-            container.mux(audio.encode())
-    return buf.getvalue()

@@ -53,6 +53,7 @@ class HFReasoner(ThreadedModelEngine):
         if not spec.model_path:
             raise RuntimeError(f"stages.{spec.stage}: the hf backend needs model_path")
         self.spec = spec
+        self.model_path: str = spec.model_path
         self.options = engine_options(spec, DEFAULTS)
         if int(self.options["max_structured_tokens"]) < MIN_BUDGET:
             raise RuntimeError(f"stages.{spec.stage}.engine.max_structured_tokens: at least "
@@ -66,10 +67,10 @@ class HFReasoner(ThreadedModelEngine):
         started = time.perf_counter()
         self.device = torch_device(self.spec)
         dtype = torch_dtype(self.options["dtype"], self.device)
-        self.processor = AutoProcessor.from_pretrained(self.spec.model_path)
+        self.processor = AutoProcessor.from_pretrained(self.model_path)
         self.tokenizer = self.processor.tokenizer
         self.model = AutoModelForImageTextToText.from_pretrained(
-            self.spec.model_path, dtype=dtype).to(self.device).eval()
+            self.model_path, dtype=dtype).to(self.device).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         if not self.eos_ids:

@@ -55,7 +55,9 @@ class GenerationCancelled(RuntimeError):
 
 def cancel_requested(folder: str | None) -> bool:
     """Whether the request whose native output folder is ``folder`` was cancelled."""
-    return bool(folder) and os.path.exists(os.path.join(folder, CANCEL_MARKER))
+    if not folder:
+        return False
+    return os.path.exists(os.path.join(folder, CANCEL_MARKER))
 
 
 def request_cancel(folder: str | os.PathLike[str]) -> None:

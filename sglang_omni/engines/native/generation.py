@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, JobResult
-from sglang_omni.engines.generation_options import OPTIONS
+from sglang_omni.engines.generation_options import DEFAULT_FPS, OPTIONS
+from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.native.cancellation_plugin import request_cancel
 from sglang_omni.engines.native.cancellation_plugin_site import CancellationPluginSite
 from sglang_omni.engines.native.generation_cancellation import (
@@ -44,7 +45,6 @@ from sglang_omni.engines.native.generation_checks import (
     AUDIO_FLAG,
     check_audio_checkpoint,
     check_ffmpeg_aac,
-    guardrails_state,
     read_generated,
 )
 from sglang_omni.engines.native.generation_driver import (
@@ -63,7 +63,6 @@ from sglang_omni.media.settings import policy_from_spec
 log = logging.getLogger("sglang_omni.native_generation")
 
 MODALITIES = ("image", "video", "action")
-NATIVE_DEFAULT_FPS = 24  # Cosmos3SamplingParams.fps in SGLang 0.5.23
 PARALLEL_ARGS = ("num_gpus", "tp_size", "sp_degree", "ulysses_degree", "ring_degree")
 
 
@@ -91,7 +90,7 @@ def sampling_kwargs(modality: str, prompt: str, options: dict[str, Any], *, requ
     if generate_sound is False:
         opts["sound_duration"] = 0.0
     elif generate_sound is True and "sound_duration" not in opts and "num_frames" in opts:
-        opts["sound_duration"] = opts["num_frames"] / opts.get("fps", NATIVE_DEFAULT_FPS)
+        opts["sound_duration"] = opts["num_frames"] / opts.get("fps", DEFAULT_FPS)
     elif generate_sound is True and "sound_duration" not in opts:
         raise BadRequest("generate_sound: set num_frames as well, so the sound's duration is "
                          "known")

@@ -1,8 +1,5 @@
 """Startup and output checks of the native generation stage (no sglang imports here).
 
-* Guardrails: native Cosmos3 guardrails run when ``cosmos_guardrail`` is importable and
-  ``SGLANG_DISABLE_COSMOS3_GUARDRAILS`` is not ``1`` (the rule native SGLang applies in each
-  worker); the stage logs which is in force.
 * Audiovisual generation needs the full checkpoint (a ``sound_tokenizer`` and a transformer
   built with ``sound_gen``) and an FFmpeg with the AAC encoder; checked at startup when
   ``factory.audio`` is on.
@@ -12,33 +9,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 
 from sglang_omni.errors import ServerError
-from sglang_omni.media.types import MIME_BY_KIND, sniff_mime
+from sglang_omni.media.types import MIME_BY_KIND, media_type_of
 
-GUARDRAILS_ENV = "SGLANG_DISABLE_COSMOS3_GUARDRAILS"
 AUDIO_FLAG = "stages.generation.factory.audio"
 
 
 class AudioUnsupported(RuntimeError):
     """Audiovisual generation was asked for, but the checkpoint or FFmpeg cannot do it."""
-
-
-def guardrails_state(env: Mapping[str, str]) -> tuple[bool, str]:
-    """Whether native Cosmos3 guardrails run, and a log line saying which and why."""
-    if env.get(GUARDRAILS_ENV, "0") == "1":
-        return False, (f"Cosmos3 guardrails are OFF: {GUARDRAILS_ENV}=1 turns them off "
-                       "(NVIDIA's Open Model License expects a substitute)")
-    if importlib.util.find_spec("cosmos_guardrail") is None:
-        return False, ("Cosmos3 guardrails are OFF: the cosmos-guardrail package is not "
-                       "installed (pip install cosmos-guardrail==0.3.1 turns them on)")
-    return True, (f"Cosmos3 guardrails are ON (cosmos-guardrail is installed; "
-                  f"{GUARDRAILS_ENV}=1 turns them off)")
 
 
 def _json(path: Path) -> dict:
@@ -104,8 +86,8 @@ def read_generated(path: str, folder: Path, kind: str) -> tuple[bytes, str]:
         raise ServerError(f"the generated {kind} file cannot be read: {exc}") from None
     if not data:
         raise ServerError(f"native SGLang wrote an empty {kind} file")
-    mime = sniff_mime(data[:16])
-    if mime not in MIME_BY_KIND[kind]:
+    mime = media_type_of(kind, data)
+    if mime is None:
         raise ServerError(f"the generated {kind} file {file.name} is not "
                           f"{' or '.join(MIME_BY_KIND[kind])}")
     return data, mime

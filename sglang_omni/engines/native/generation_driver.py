@@ -113,7 +113,7 @@ class SGLangDiffusion:
         self.generator: Any = None
 
     @staticmethod
-    def _generator_cls() -> type:
+    def _generator_cls() -> Any:
         from sglang.multimodal_gen.runtime.entrypoints.diffusion_generator import DiffGenerator
 
         return DiffGenerator

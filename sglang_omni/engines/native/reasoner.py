@@ -47,7 +47,7 @@ from sglang_omni.engines.native.reasoner_request import (
     new_native_rid,
     refusal_from_error_body,
 )
-from sglang_omni.engines.native.server_args import resolve_server_args
+from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir
 from sglang_omni.media.settings import policy_from_spec
@@ -58,9 +58,9 @@ EngineFactory = Callable[[dict[str, Any]], Any]
 
 #: ``sglang serve``'s warmup (``http_server._execute_server_warmup``, 0.5.23): a multimodal
 #: generation model gets a chat completion over a 32x32 black PNG; a text-only one (or one
-#: started with ``language_model_only``) a ``/generate`` of this prompt. Both greedy, 8 tokens.
+#: started with ``language_model_only``) a ``/generate`` of ``WARMUP_PROMPT``. Both greedy,
+#: 8 tokens.
 WARMUP_MAX_TOKENS = 8
-WARMUP_PROMPT = "The capital city of France is"
 WARMUP_QUESTION = "Describe the image."
 _TEXT_ONLY_FLAGS = ("language_only", "language_model_only", "skip_tokenizer_init")
 
@@ -145,6 +145,7 @@ class NativeReasoner:
                       and not any(getattr(server_args, f, False) for f in _TEXT_ONLY_FLAGS))
         log.info("sending the native warmup request (%s)",
                  "chat completion with an image" if multimodal else "text generation")
+        assert self.chat is not None, "start() first"
         if multimodal:
             request = ChatCompletionRequest(
                 model=manager.served_model_name, stream=False, temperature=0.0,
@@ -186,6 +187,7 @@ class NativeReasoner:
                 raise
 
     async def _complete(self, request: ChatCompletionRequest, job: Job) -> dict[str, Any]:
+        assert self.chat is not None, "start() first"
         response = await self.chat.handle_request(request, None)
         body_iterator = getattr(response, "body_iterator", None)
         if body_iterator is not None:  # a StreamingResponse: consume native's SSE here

@@ -21,14 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_omni.engines.base import FRAME_SCHEME
+from sglang_omni.engines.base import FRAME_SCHEME, OMNI_OWNED_FIELDS
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
 from sglang_omni.media.types import sniff_mime
 
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
-#: Native chat request fields Omni sets itself; a stage_params value for them is refused.
-OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 OPTION_FIELDS = ("logprobs", "top_logprobs")
 
 
@@ -39,7 +37,7 @@ def new_native_rid() -> str:
 
 
 # --- media ------------------------------------------------------------------------------------
-def _frame_file(data: bytes, workdir: RequestMediaDir) -> str:
+def _frame_file(data: bytes | bytearray, workdir: RequestMediaDir) -> str:
     mime = sniff_mime(bytes(data[:16]))
     suffix = (mimetypes.guess_extension(mime) or "") if mime else ""
     path = workdir.new_file(suffix)
@@ -47,7 +45,7 @@ def _frame_file(data: bytes, workdir: RequestMediaDir) -> str:
     return path.as_uri()
 
 
-async def _native_ref(ref: str, frames: list[bytes], policy: MediaPolicy,
+async def _native_ref(ref: str, frames: list[bytes | bytearray], policy: MediaPolicy,
                       workdir: RequestMediaDir, label: str) -> str:
     if ref.startswith(FRAME_SCHEME):
         index = ref[len(FRAME_SCHEME):]
@@ -58,7 +56,7 @@ async def _native_ref(ref: str, frames: list[bytes], policy: MediaPolicy,
     return Path(target).as_uri()  # a checked local file or one of the request's temp files
 
 
-async def localize_media(messages: list[dict[str, Any]], frames: list[bytes],
+async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | bytearray],
                          policy: MediaPolicy, workdir: RequestMediaDir) -> list[dict[str, Any]]:
     """A copy of ``messages`` whose media urls native SGLang can read under ``policy``.
 

@@ -22,6 +22,9 @@ from sglang_omni.engines.base import EngineSpec
 from sglang_omni.media.policy import NATIVE_MEDIA_URL_MAX_FILE_SIZE_MB
 
 MEMORY_FRACTION = "mem_fraction_static"
+#: The prompt of ``sglang serve``'s text warmup (``http_server._execute_server_warmup``,
+#: 0.5.23), sent before a Reasoner stage reports ready unless ``skip_server_warmup`` is set.
+WARMUP_PROMPT = "The capital city of France is"
 REFUSED = {
     "model_path": "set model_path (--model-path) instead",
     "tool_call_parser": "the stage returns one text completion and serves no native tool "

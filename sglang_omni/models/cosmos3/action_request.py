@@ -51,7 +51,7 @@ def _check_field(label: str, value: Any, spec: tuple[tuple[type, ...], bool, boo
         return
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         raise BadRequest(f"{label}: expected {_type_name(types)}, got {value!r}"[:300])
-    if positive and value <= 0:
+    if positive and isinstance(value, int | float) and value <= 0:
         raise BadRequest(f"{label}: expected a positive value, got {value!r}")
 
 

@@ -14,6 +14,11 @@ from sglang_omni.engines.generation_options import (
 )
 from sglang_omni.errors import BadRequest, ServerError
 from sglang_omni.models.cosmos3 import decision, prompts
+from sglang_omni.pipeline.chat_request import (
+    LENGTH_STOP_FIELDS,
+    NATIVE_LENGTH_STOP_FIELDS,
+    SAMPLING_FIELDS,
+)
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.umm import (
     IMAGE,
@@ -28,11 +33,8 @@ from sglang_omni.pipeline.umm import (
 )
 
 ADAPTER_PATH = "sglang_omni.models.cosmos3.adapter:Cosmos3UMMAdapter"
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty", "seed")
-LENGTH_STOP_KEYS = ("max_tokens", "max_completion_tokens", "max_new_tokens", "stop",
-                    "stop_token_ids", "min_tokens", "min_new_tokens", "ignore_eos",
-                    "stop_regex", "no_stop_trim")
+#: Length and stop settings, under both names, which decisions skip (pipeline.chat_request).
+LENGTH_STOP_KEYS = LENGTH_STOP_FIELDS + NATIVE_LENGTH_STOP_FIELDS
 REFUSED_REASONER_PARAMS = ("response_format", "json_schema", "regex", "ebnf", "tools",
                            "tool_choice", "messages", "stream", "n", "logprobs", "top_logprobs")
 
@@ -53,7 +55,7 @@ def decision_sampling(request: UMMRequest) -> tuple[dict[str, Any], dict[str, An
             if key in REFUSED_REASONER_PARAMS:
                 raise BadRequest(f"{where}{key}: the interleaved pipeline sets this itself for "
                                  "each decision; remove it")
-            if key in SAMPLING_KEYS:
+            if key in SAMPLING_FIELDS:
                 sampling[key] = value
             elif where == "stage_params.reasoner.":
                 extra[key] = value

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_VIDEO_FRAMES
 from sglang_omni.errors import BadRequest
 
 
@@ -34,7 +34,7 @@ class Defaults:
 
 #: Native Cosmos3 (``Cosmos3SamplingParams``): 1280x720 at 24 fps; videos of the interleaved
 #: pipeline default to 33 frames.
-NATIVE_DEFAULTS = Defaults(1280, 720, DEFAULT_VIDEO_FRAMES, 24)
+NATIVE_DEFAULTS = Defaults(1280, 720, DEFAULT_VIDEO_FRAMES, DEFAULT_FPS)
 #: The native Cosmos3 action route: 832x480 at 5 fps, ``action_horizon`` 16 (17 frames).
 ACTION_DEFAULTS = Defaults(832, 480, 17, 5)
 #: Width and height multiples the generation backends need (the diffusers Cosmos3 pipeline of
