@@ -20,6 +20,7 @@ from sglang_omni.errors import ConfigError, ServiceUnavailable, StageDied, Stage
 from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest
+from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.streams import stream_call
@@ -189,15 +190,7 @@ class Orchestrator:
         if doom.error is not None:
             work.close()
             raise doom.error
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(doom.event.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        task = await work_unless(work, doom.event)
         if task.cancelled() and doom.error is not None:
             raise doom.error
         return task.result()

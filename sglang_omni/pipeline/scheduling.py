@@ -38,6 +38,7 @@ from sglang_omni.pipeline.planner import (
     TurnEnded,
     TurnStarted,
 )
+from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.umm import DispatchReceipt
 
 log = logging.getLogger("sglang_omni.scheduling")
@@ -150,15 +151,7 @@ class PlannedGenerations:
         A result that arrived is returned even if the request failed meanwhile; its next dispatch
         raises the failure.
         """
-        task = asyncio.ensure_future(work())
-        failed = asyncio.ensure_future(state.failed.wait())
-        try:
-            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            failed.cancel()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        task = await work_unless(work(), state.failed)
         if task.cancelled() or task.exception() is not None:
             self._raise_if_failed(state)
         return task.result()
