@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass, field
 
 from sglang_omni.pipeline.planner import (
-    Admission,
     Admit,
     Event,
     GenerationFinished,
@@ -41,10 +40,10 @@ from sglang_omni.pipeline.planner import (
     Released,
     Tick,
     TurnEnded,
-    TurnOffer,
 )
 
 MODALITIES = ("image", "video")
+TICK_AFTER_EXPIRY_S = 0.25  # the orchestrator's scheduler ticks every 0.25 s
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,8 @@ def make_trace(params: Params, load: float, rng: random.Random) -> list[Spec]:
 
 
 class MaxActiveOnly:
-    """The baseline, with the planner's interface: admit while fewer than max_active are active."""
+    """The baseline, with the planner's interface: admit every request the max_active cap lets
+    through (the simulation enforces the cap for both policies, as the orchestrator does)."""
 
     def __init__(self, config: PlannerConfig) -> None:
         self.config = config
@@ -112,15 +112,10 @@ class MaxActiveOnly:
         self._running: str | None = None
 
     def handle(self, event: Event) -> PlanUpdate:
-        cfg = self.config
         if isinstance(event, Admit):
-            ok = cfg.max_active is None or len(self._used) < cfg.max_active
-            if ok:
-                self._used[event.request_id] = 0
-                self._order[event.request_id] = len(self._order)
-            return PlanUpdate(admission=Admission(event.request_id, ok,
-                                                  cfg.max_generations if ok else 0, 0.0))
-        if isinstance(event, GenerationQueued):
+            self._used[event.request_id] = 0
+            self._order[event.request_id] = len(self._order)
+        elif isinstance(event, GenerationQueued):
             self._used[event.request_id] += 1
             self._queued.append(event.request_id)
             self._queued.sort(key=self._order.__getitem__)
@@ -129,8 +124,6 @@ class MaxActiveOnly:
             self._running = event.request_id
         elif isinstance(event, GenerationFinished):
             self._running = None
-            rid = event.request_id
-            return PlanUpdate(turn=TurnOffer(rid, cfg.max_generations - self._used[rid]))
         elif isinstance(event, Released):
             rid = event.request_id
             self._used.pop(rid, None)
@@ -140,11 +133,11 @@ class MaxActiveOnly:
                 self._running = None
         return PlanUpdate()
 
+    def allowance(self, request_id: str) -> int:
+        return self.config.max_generations - self._used[request_id]
+
     def next_generation(self) -> str | None:
         return None if self._running is not None or not self._queued else self._queued[0]
-
-    def next_expiry(self) -> float | None:
-        return None
 
 
 @dataclass
@@ -194,8 +187,7 @@ class Simulation:
     def __init__(self, params: Params, specs: list[Spec], use_planner: bool) -> None:
         self.params = params
         self.now = 0.0
-        config = PlannerConfig(timeout_s=params.timeout_s, max_generations=params.max_generations,
-                               max_active=params.max_active)
+        config = PlannerConfig(timeout_s=params.timeout_s, max_generations=params.max_generations)
         self.policy: GenerationPlanner | MaxActiveOnly = (
             GenerationPlanner(config, lambda: self.now) if use_planner else MaxActiveOnly(config))
         self.reqs = {s.rid: Req(s) for s in specs}
@@ -204,6 +196,7 @@ class Simulation:
         self.stage: str | None = None  # the request whose generation runs
         self.stats = Stats()
         self.ticks: set[float] = set()
+        self.active = 0  # admitted requests without an outcome (the orchestrator's max_active)
         for s in specs:
             self.push(s.arrival, "arrive", s.rid)
 
@@ -218,13 +211,14 @@ class Simulation:
         if update.measured_longer:
             self.stats.longer_at.append(self.now)
         self.stats.lowered_ids.update(change.request_id for change in update.lowered)
-        self.stats.receipts += len(update.receipts)
+        self.stats.receipts += update.receipt is not None
         for fail in update.failed:  # 503 now; cancel its generation
             req = self.reqs[fail.request_id]
             self.cancel_generation(req)
             self.finish(req, "failfast")
-        expiry = self.policy.next_expiry()
-        if expiry is not None and expiry not in self.ticks and expiry > self.now:
+        # Tick just after a measurement leaves the window, as the scheduler's periodic tick would.
+        expiry = self.now + self.params.timeout_s + TICK_AFTER_EXPIRY_S
+        if isinstance(event, (TurnEnded, GenerationFinished)) and expiry not in self.ticks:
             self.ticks.add(expiry)
             self.push(expiry, "tick")
         return update
@@ -239,6 +233,8 @@ class Simulation:
     def run(self) -> Stats:
         while self.events:
             at, _, _, kind, rid, token = heapq.heappop(self.events)
+            if kind == "tick" and not self.active:
+                continue  # the scheduler ticks only while requests are active
             self.account(at)
             self.now = at
             req = self.reqs.get(rid)
@@ -265,16 +261,16 @@ class Simulation:
 
     def arrive(self, req: Req) -> None:
         self.stats.arrived += 1
-        update = self.handle(Admit(req.spec.rid))
-        assert update.admission is not None
-        if not update.admission.admitted:
+        if (self.active >= self.params.max_active
+                or self.handle(Admit(req.spec.rid)).refused is not None):
             req.outcome = "refused"
             self.stats.refused += 1
             return
         self.stats.admitted += 1
+        self.active += 1
         req.admitted_at, req.deadline = self.now, self.now + self.params.timeout_s
         self.push(req.deadline, "deadline", req.spec.rid, req.token)
-        self.start_turn(req, update.admission.allowance)
+        self.start_turn(req, self.policy.allowance(req.spec.rid))
 
     def start_turn(self, req: Req, allowance: int) -> None:
         req.state, req.offered, req.turn_started = "reasoning", allowance > 0, self.now
@@ -292,9 +288,8 @@ class Simulation:
             update = self.handle(GenerationQueued(rid, modality))
             if req.outcome:
                 return
-            if any(r.request_id == rid for r in update.receipts):
-                assert update.turn is not None
-                self.start_turn(req, update.turn.allowance)
+            if update.receipt is not None:
+                self.start_turn(req, self.policy.allowance(rid))
             else:
                 req.state, req.gen_modality = "queued", modality
             return
@@ -316,12 +311,11 @@ class Simulation:
         self.stage = None
         req.stage_s += req.gen_duration
         rid = req.spec.rid
-        update = self.handle(GenerationFinished(rid, req.gen_modality, req.gen_duration))
+        self.handle(GenerationFinished(rid, req.gen_modality, req.gen_duration))
         req.gens_done += 1
         if req.outcome:
             return
-        assert update.turn is not None
-        self.start_turn(req, update.turn.allowance)
+        self.start_turn(req, self.policy.allowance(rid))
 
     def cancel_generation(self, req: Req) -> None:
         if req.state == "generating":
@@ -331,6 +325,7 @@ class Simulation:
 
     def finish(self, req: Req, outcome: str) -> None:
         req.outcome, req.state, req.ended_at = outcome, outcome, self.now
+        self.active -= 1
         s = self.stats
         if outcome == "completed":
             s.completed += 1

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.config import load_config, parse_overrides
+from sglang_omni.engines.result import StageResult
 from sglang_omni.models.cosmos3 import Cosmos3UMMAdapter
 from sglang_omni.pipeline.stages import StageSet
-from sglang_omni.pipeline.umm import DispatchResult, Limits, UMMController, UMMRequest
+from sglang_omni.pipeline.umm import Limits, UMMController, UMMRequest
 
 CONFIG = Path(__file__).parents[1] / "configs" / "cpu-scripted.yaml"
 MiB = 1024 * 1024
@@ -43,7 +44,7 @@ class Recorder:
         self.last_end = time.perf_counter()
 
     async def call(self, stage: str, rid: str, payload: dict[str, Any],
-                   frames: list) -> DispatchResult:
+                   frames: list) -> StageResult:
         start = time.perf_counter()
         result = await self.stages[stage].call(rid, payload, frames)
         end = time.perf_counter()
@@ -51,7 +52,7 @@ class Recorder:
         self.last_end = end
         if stage == "reasoner":
             self.to_reasoner += sum(len(f) for f in frames)
-        return DispatchResult(stage, result.payload, result.frames)
+        return result
 
 
 def script(*entries: dict[str, Any]) -> str:

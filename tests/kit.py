@@ -1,26 +1,97 @@
-"""Helpers shared by the test packages: stage job counters from ``/metrics`` and polling."""
+"""Helpers shared by the test packages: stage job counters from ``/metrics``, the JSON error
+shape, SSE parsing, scripted prompts, PNG sizes and polling. Package kits re-export what their
+tests use."""
 
 from __future__ import annotations
 
+import io
+import json
+import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
+from PIL import Image
 
 from tests.server import Server
 
-
-def metric(server: Server, stage: str, outcome: str) -> float:
-    """The ``sgl_omni_stage_jobs_total`` counter of ``stage``/``outcome``; AssertionError when
-    ``/metrics`` has none."""
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = f'sgl_omni_stage_jobs_total{{outcome="{outcome}",stage="{stage}"}} '
-    for line in text.splitlines():
-        if line.startswith(needle):
-            return float(line[len(needle):])
-    raise AssertionError(f"no metric {needle}")
+# One client (building one costs about 80 ms, its SSL context); no keep-alive, so a server
+# that closes idle connections (the wire tests' one-second idle timeout) cannot race a reuse.
+_METRICS = httpx.Client(timeout=5, limits=httpx.Limits(max_keepalive_connections=0))
+JOBS_RE = re.compile(r'^sgl_omni_stage_jobs_total\{outcome="([^"]+)",stage="([^"]+)"\} (\S+)$')
 
 
+# --- metrics ------------------------------------------------------------------------------------
+def job_counts(server: Server) -> dict[tuple[str, str], float]:
+    """Every ``sgl_omni_stage_jobs_total`` counter of ``/metrics``, by (stage, outcome); empty
+    before any stage got a job."""
+    out = {}
+    for line in _METRICS.get(f"{server.url}/metrics").text.splitlines():
+        match = JOBS_RE.match(line)
+        if match:
+            out[match[2], match[1]] = float(match[3])
+    return out
+
+
+def metric(server: Server, stage: str, outcome: str, default: float | None = None) -> float:
+    """The ``sgl_omni_stage_jobs_total`` counter of ``stage``/``outcome``; ``default`` when
+    ``/metrics`` has none (AssertionError when ``default`` is None)."""
+    value = job_counts(server).get((stage, outcome), default)
+    if value is None:
+        raise AssertionError(f"no {stage}/{outcome} job counter in /metrics")
+    return value
+
+
+# --- answers ------------------------------------------------------------------------------------
+def error_of(resp: httpx.Response) -> dict[str, Any]:
+    """The ``error`` object of a JSON error answer (asserting the documented shape)."""
+    assert resp.headers["content-type"].startswith("application/json"), resp.text[:200]
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "code"}, error
+    assert error["code"] == resp.status_code
+    return error
+
+
+def error_message(resp: httpx.Response) -> str:
+    """The message of a JSON error answer (asserting the documented shape)."""
+    return str(error_of(resp)["message"])
+
+
+def parse_sse(raw: str) -> list[tuple[str, Any]]:
+    """(event, data) pairs, splitting only at CR/LF as the SSE format does; data is decoded JSON,
+    or the string ``[DONE]``; comments are skipped."""
+    out = []
+    for block in raw.replace("\r\n", "\n").split("\n\n"):
+        if not block.strip():
+            continue
+        event, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+        if not data:  # a comment-only block (": keep-alive")
+            continue
+        text = "\n".join(data)
+        out.append((event, text if text == "[DONE]" else json.loads(text)))
+    return out
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of PNG bytes (asserting the format)."""
+    with Image.open(io.BytesIO(data)) as img:
+        assert img.format == "PNG"
+        return img.size
+
+
+# --- prompts ------------------------------------------------------------------------------------
+def script(*entries: object, tail: str = " go") -> str:
+    """A prompt holding ``<omni-script>`` for the scripted Reasoner, then ``tail``."""
+    return f"<omni-script>{json.dumps(list(entries))}</omni-script>{tail}"
+
+
+# --- polling ------------------------------------------------------------------------------------
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, poll: float = 0.05) -> float:
     """Seconds until ``condition()`` held; AssertionError after ``timeout``."""
     start = time.monotonic()
@@ -31,11 +102,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, poll: float =
     return time.monotonic() - start
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float = 10, poll: float = 0.05) -> bool:
     """Whether ``condition()`` held within ``timeout`` seconds (checked once more at the end)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.05)
+        time.sleep(poll)
     return condition()

@@ -153,6 +153,12 @@ class PipelineConfig:
     def validate(cls, config: ResolvedConfig) -> None:
         """Cross-field checks of a resolved config; raise ConfigError naming key and fix."""
 
+    @classmethod
+    def umm_adapter(cls) -> str | None:
+        """The pipeline's UMM adapter as an import string "module:Class", which its stage
+        engines get at start-up (``EngineSpec.umm_adapter``); None when it has none."""
+        return None
+
 
 #: The built-in pipeline config classes by ``config_cls`` name, as import strings
 #: "module:Class"; a class is imported only when a config names it, so config never imports

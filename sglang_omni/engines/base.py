@@ -5,31 +5,19 @@ awaits ``engine.run(job)``. An abort sets ``job.cancelled`` and cancels the task
 so an engine stops either at its next ``await`` or, for blocking compute in a thread, at its
 next check of ``job.cancelled``.
 
-Payloads by role:
-
-* reasoner: ``{"messages": [...], "sampling": {...}, "response_format": {...} | None,
-  "stream": bool, "turn_index": int, "umm_adapter": "module:Class" | None}``, optionally
-  ``"stage_params": {...}`` (native chat request fields) and ``"options": {"logprobs",
-  "top_logprobs"}``. Inline media in messages are content parts whose url is
-  ``omni-frame://N``: the bytes are ``job.frames[N]``. Result payload: ``{"text",
-  "finish_reason", "usage"}`` (plus ``"logprobs"`` when asked); streamed chunks
-  ``{"text": delta}``, the first one sent once the request is accepted (it may be empty), so
-  the server answers a refused streaming request with its HTTP status.
-* generation: ``{"modality": "image" | "video", "prompt": str, "options": {...}}``. Result
-  payload: ``{"media": [{"kind", "mime_type", "frame"}], "reason": str | None}`` with the bytes
-  in ``JobResult.frames``; ``media`` is empty when the model produced nothing (``reason`` says
-  why). Chunks: ``{"step": i, "steps": n}`` progress. Direct generation also sends
-  ``{"modality": "action", "request": {...}}`` (the native action route's JSON body); its
-  result payload is ``{"action": {...}}``, the native action route's response body.
+Payloads by role are typed in ``engines.payloads`` (``ReasonerPayload``, ``GenerationPayload``
+and their results and chunks); an engine answers with ``engines.result.StageResult``.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from sglang_omni.engines.result import Frames, StageResult
 
 FRAME_SCHEME = "omni-frame://"
 #: Native chat request fields Omni sets from the request itself; refused under stage_params.
@@ -41,8 +29,8 @@ class Job:
     """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order."""
 
     rid: str
-    payload: dict[str, Any]
-    frames: list[bytes | bytearray]
+    payload: Mapping[str, Any]
+    frames: Frames
     emit: Callable[[dict[str, Any]], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -51,12 +39,6 @@ class Job:
         if not url.startswith(FRAME_SCHEME):
             return None
         return self.frames[int(url[len(FRAME_SCHEME):])]
-
-
-@dataclass
-class JobResult:
-    payload: dict[str, Any]
-    frames: list[bytes] = field(default_factory=list)
 
 
 class Engine(Protocol):
@@ -70,7 +52,7 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    async def run(self, job: Job) -> JobResult: ...
+    async def run(self, job: Job) -> StageResult: ...
 
     async def close(self) -> None: ...
 
@@ -88,6 +70,9 @@ class EngineSpec:
     factory: dict[str, Any]
     engine: dict[str, Any]
     media_policy: dict[str, Any] = field(default_factory=dict)
+    #: The pipeline's UMM adapter as an import string "module:Class" (a reasoner serializes
+    #: decisions in its format); None when the pipeline has none (text chat, direct generation).
+    umm_adapter: str | None = None
 
 
 #: Every backend engine by (backend, role), as an import string "module:Class"; only the one

@@ -35,6 +35,10 @@ ACTION_MODES = ("forward_dynamics",)
 #: in SGLang 0.5.23 is 24; interleaved videos default to 33 frames, as the spec says).
 DEFAULT_VIDEO_FRAMES = 33
 DEFAULT_FPS = 24
+#: The hf and scripted engines' width and height, and seed, where a request leaves them unset
+#: (native SGLang has its own: ``models.cosmos3.generation_limits.NATIVE_DEFAULTS``).
+DEFAULT_SIZE = 640
+DEFAULT_SEED = 0
 
 
 def check_option_value(where: str, key: str, value: Any) -> None:

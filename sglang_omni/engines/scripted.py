@@ -5,13 +5,13 @@ backends. The contract (documented in the README) is fixed; tests rely on it.
 
 Reasoner: the first user message may hold ``<omni-script>JSON list</omni-script>``. Turn i
 (``payload["turn_index"]``) answers with entry i: an object is a decision, serialized by the
-request's UMM adapter; a string is returned verbatim. ``delay_s`` simulates Reasoner time. In a
-``text`` value ``{media}`` becomes the JSON list of ``{"kind", "sha256"}`` of every image and video
-in the turn's conversation, ``{last}`` the text of the last message and ``{sampling}`` the
-sampling fields the turn received. Past the script's end
-(or with no script) the answer is ``final`` with ``scripted reasoner: no script entry for turn N``;
-without a script and without an adapter (text-only chat) the reply is a short text derived from
-the input.
+pipeline's UMM adapter (``EngineSpec.umm_adapter``, given at stage start-up); a string is
+returned verbatim. ``delay_s`` simulates Reasoner time. In a ``text`` value ``{media}`` becomes
+the JSON list of ``{"kind", "sha256"}`` of every image and video in the turn's conversation,
+``{last}`` the text of the last message and ``{sampling}`` the sampling fields the turn
+received. Past the script's end (or with no script) the answer is ``final`` with ``scripted
+reasoner: no script entry for turn N``; without a script and without an adapter (text-only
+chat) the reply is a short text derived from the input.
 Additions: ``{stage_params}`` in a ``text`` value becomes the JSON of the native fields
 (``stage_params``) the turn received; an entry ``{"error": {"status", "message"}}`` fails the turn
 with that status, as native SGLang refuses a request; a streaming turn first sends an empty
@@ -22,14 +22,15 @@ request before its stage reports ready unless ``engine.skip_server_warmup`` is s
 native SGLang's scheduler and detokenizer, one that exits stops the stage, and the stage's exit
 stops the server.
 
-Generator: PNG (default 640x640) or H.264 MP4 (``DEFAULT_VIDEO_FRAMES`` at ``DEFAULT_FPS``) whose
-pixels are a function of prompt, seed, size and frame index, after ``num_inference_steps``
-(4) steps of ``factory.step_time_s`` seconds, cancellable between steps. Prompt directives:
-``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``, and ``!size=N``
-(media padded with trailing zeros to N bytes, for benchmarks). Direct generation's actions
-(``modality`` ``action``, the native action route's body in ``request``) are checked as the
-native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
-(16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
+Generator: PNG (``DEFAULT_SIZE`` square, 640) or H.264 MP4 (``DEFAULT_VIDEO_FRAMES`` at
+``DEFAULT_FPS``) whose pixels are a function of prompt, seed (``DEFAULT_SEED``), size and frame
+index, after ``num_inference_steps`` (4) steps of ``factory.step_time_s`` seconds, cancellable
+between steps. Prompt directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``,
+``!malformed``, ``!sleep=S``, and ``!size=N`` (media padded with trailing zeros to N bytes, for
+benchmarks). Direct generation's actions (``modality`` ``action``, the native action route's
+body in ``request``) are checked as the native Cosmos3 action route checks them and answered
+with its response shape: ``action_horizon`` (16) rows of ``raw_action_dim`` (given, else 10)
+values derived from the task and seed.
 """
 
 from __future__ import annotations
@@ -42,17 +43,32 @@ import logging
 import os
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
-from sglang_omni.engines.base import EngineSpec, Job, JobResult
-from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.engines.generation_options import (
+    DEFAULT_FPS,
+    DEFAULT_SEED,
+    DEFAULT_SIZE,
+    DEFAULT_VIDEO_FRAMES,
+)
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
+from sglang_omni.engines.payloads import (
+    ActionResult,
+    GenerationPayload,
+    MediaItem,
+    MediaResult,
+    ReasonerPayload,
+    ReasonerResult,
+)
+from sglang_omni.engines.result import StageResult
 from sglang_omni.engines.synth_media import frame_pixels
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media.content_parts import iter_content_parts, text_of
 from sglang_omni.media.encode import encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
@@ -60,25 +76,15 @@ from sglang_omni.media.types import INLINE_LIMIT
 log = logging.getLogger("sglang_omni.scripted")
 
 SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
-MEDIA_PART_KEYS = {"image_url": "image", "video_url": "video"}
 
 
 # --- Reasoner --------------------------------------------------------------------------------
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and p.get("type") == "text")
-    return ""
-
-
 def find_script(messages: list[dict[str, Any]]) -> list[Any] | None:
     """The script list of the first user message, or None; BadRequest if it is not a list."""
     first = next((m for m in messages if m.get("role") == "user"), None)
     if first is None:
         return None
-    match = SCRIPT_RE.search(_text_of(first.get("content")))
+    match = SCRIPT_RE.search(text_of(first.get("content")))
     if match is None:
         return None
     try:
@@ -92,19 +98,8 @@ def find_script(messages: list[dict[str, Any]]) -> list[Any] | None:
 
 def media_parts(messages: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(label, kind, url) of every image and video part of the conversation, in order."""
-    out = []
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            kind = MEDIA_PART_KEYS.get(part.get("type", "")) if isinstance(part, dict) else None
-            if kind is None:
-                continue
-            ref = part[part["type"]]
-            url = ref.get("url", "") if isinstance(ref, dict) else str(ref)
-            out.append((f"messages[{i}].content[{j}].{part['type']}", kind, url))
-    return out
+    return [(part.label, part.kind, part.url or "") for part in iter_content_parts(messages)
+            if part.kind in ("image", "video")]
 
 
 async def load_conversation_media(job: Job, policy: MediaPolicy) -> list[dict[str, str]]:
@@ -125,7 +120,7 @@ def _substitute(text: str, job: Job, media: list[dict[str, str]]) -> str:
         text = text.replace("{media}", json.dumps(media))
     if "{last}" in text:
         messages = job.payload.get("messages", [])
-        text = text.replace("{last}", _text_of(messages[-1].get("content")) if messages else "")
+        text = text.replace("{last}", text_of(messages[-1].get("content")) if messages else "")
     if "{sampling}" in text:
         text = text.replace("{sampling}", json.dumps(job.payload.get("sampling") or {},
                                                      sort_keys=True))
@@ -144,10 +139,14 @@ def _refusal(entry: dict[str, Any]) -> NativeRefusal:
 
 
 def _load_adapter(path: str | None) -> Any:
+    """The class an import string "module:Class" names (a dotted class path too), or None."""
     if not path:
         return None
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    target: Any = importlib.import_module(module)
+    for attr in name.split("."):
+        target = getattr(target, attr)
+    return target
 
 
 class ScriptedReasoner:
@@ -155,6 +154,7 @@ class ScriptedReasoner:
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
+        self.adapter = _load_adapter(spec.umm_adapter)
         self.policy = policy_from_spec(spec.media_policy)
         self.server_args = resolve_server_args(spec)
         self.stops_server_on_exit = bool(spec.factory.get("native_lifecycle"))
@@ -185,18 +185,18 @@ class ScriptedReasoner:
     async def close(self) -> None:
         return None
 
-    async def run(self, job: Job) -> JobResult:
-        payload = job.payload
+    async def run(self, job: Job) -> StageResult:
+        payload = cast(ReasonerPayload, job.payload)
         media = await load_conversation_media(job, self.policy)
         messages = payload.get("messages", [])
         turn = int(payload.get("turn_index", 0))
-        adapter = _load_adapter(payload.get("umm_adapter"))
+        adapter = self.adapter
         script = find_script(messages)
         entry: Any
         if script is not None and turn < len(script):
             entry = script[turn]
         elif script is None and adapter is None:
-            last = _text_of(messages[-1].get("content")) if messages else ""
+            last = text_of(messages[-1].get("content")) if messages else ""
             entry = f"scripted reasoner: you said {last[:200]!r}"
         else:
             entry = {"action": "final",
@@ -223,14 +223,12 @@ class ScriptedReasoner:
             for piece in _pieces(text):
                 job.emit({"text": piece})
                 await asyncio.sleep(0)
-        prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in messages)
+        prompt_tokens = sum(len(text_of(m.get("content")).split()) for m in messages)
         completion_tokens = len(text.split())
-        return JobResult({
-            "text": text,
-            "finish_reason": "stop",
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        })
+        return StageResult(ReasonerResult(
+            text=text, finish_reason="stop",
+            usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                   "total_tokens": prompt_tokens + completion_tokens}))
 
 
 def _pieces(text: str, size: int = 16) -> list[str]:
@@ -265,8 +263,8 @@ class ScriptedGenerator:
     async def close(self) -> None:
         return None
 
-    async def run(self, job: Job) -> JobResult:
-        payload = job.payload
+    async def run(self, job: Job) -> StageResult:
+        payload = cast(GenerationPayload, job.payload)
         modality = payload.get("modality", "image")
         prompt = str(payload.get("prompt", ""))
         options = dict(payload.get("options") or {})
@@ -276,12 +274,12 @@ class ScriptedGenerator:
             prompt = str(action.get("task") or action.get("prompt") or "")
             options = {"num_inference_steps": action.get("num_inference_steps"),
                        "seed": action.get("seed")}
-        width = _int_option(options, "width", 640)
-        height = _int_option(options, "height", 640)
+        width = _int_option(options, "width", DEFAULT_SIZE)
+        height = _int_option(options, "height", DEFAULT_SIZE)
         frames = _int_option(options, "num_frames", DEFAULT_VIDEO_FRAMES)
         fps = _int_option(options, "fps", DEFAULT_FPS)
         steps = _int_option(options, "num_inference_steps", 4)
-        seed = int(options.get("seed", 0) or 0)
+        seed = int(options.get("seed", DEFAULT_SEED) or DEFAULT_SEED)
         directive = DIRECTIVE_RE.match(prompt)
         name = directive.group(1) if directive else None
         if name == "crash":
@@ -303,12 +301,13 @@ class ScriptedGenerator:
             if name == "no-media":
                 raise ServerError("the native action generation failed (action policy returned "
                                   "no output; scripted directive !no-media)")
-            return JobResult({"action": scripted_action(job.rid, prompt, seed, steps, action)})
+            return StageResult(ActionResult(
+                action=scripted_action(job.rid, prompt, seed, steps, action)))
         if name == "no-media":
             reason = "scripted directive !no-media: the model ended without media (as native " \
                      "SGLang does on a guardrail block)"
             log.warning("request %s: generation produced no media: %s", job.rid, reason)
-            return JobResult({"media": [], "reason": reason})
+            return StageResult(MediaResult(media=[], reason=reason))
         if modality == "video":
             mime = "video/mp4"
             data = await asyncio.to_thread(
@@ -324,12 +323,12 @@ class ScriptedGenerator:
             data = data + b"\0" * (INLINE_LIMIT + 1 - len(data))
         elif name and name.startswith("size="):
             data = data + b"\0" * max(0, int(name.removeprefix("size=")) - len(data))
-        items = [{"kind": modality, "mime_type": mime, "frame": 0}]
-        media_frames = [data]
+        items: list[MediaItem] = [{"kind": modality, "mime_type": mime, "frame": 0}]
+        media_frames: list[bytes | bytearray] = [data]
         if name == "extra":
             items.append({"kind": modality, "mime_type": mime, "frame": 1})
             media_frames.append(data)
-        return JobResult({"media": items, "reason": None}, media_frames)
+        return StageResult(MediaResult(media=items, reason=None), media_frames)
 
 
 # --- Actions (direct generation) ---------------------------------------------------------------

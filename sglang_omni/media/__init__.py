@@ -1,6 +1,7 @@
 """The media policy every route and stage applies to client-supplied media references.
 
 * :mod:`.policy`: :class:`MediaPolicy`, the allow/refuse decision (no network I/O);
+* :mod:`.content_parts`: the one walker over chat content parts (:func:`iter_content_parts`);
 * :mod:`.refs`: every media reference of a chat request / generation options, with labels, and
   the request-wide pre-check (:func:`check_media_refs`: count, policy, inline bytes);
 * :mod:`.fetch`: :func:`materialize` / :func:`load_bytes`, the guarded reads;

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 from sglang_omni.errors import BadRequest, MediaRefused
+from sglang_omni.media.content_parts import CHAT_MEDIA_PART_KEYS, iter_content_parts
 from sglang_omni.media.policy import MEDIA_BYTES_FLAG, MEDIA_PARTS_FLAG, InlineMedia, MediaPolicy
 
-#: Chat content part keys that carry a media URL (as a string or ``{"url": ...}``).
-CHAT_MEDIA_PART_KEYS = ("image_url", "video_url", "audio_url")
 #: Top-level request lists of media references.
 TOP_LEVEL_MEDIA_LISTS = ("images", "videos", "audios")
 #: Generation option keys that name media (a string or a list of strings).
@@ -41,18 +40,12 @@ def iter_chat_media_refs(body: Mapping) -> Iterator[tuple[str, str]]:
     A media field that is not a string (or ``{"url": string}``) raises :class:`BadRequest`;
     other malformed structure is left to request validation.
     """
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for i, message in enumerate(messages):
-            content = message.get("content") if isinstance(message, Mapping) else None
-            if not isinstance(content, list):
-                continue
-            for j, part in enumerate(content):
-                if not isinstance(part, Mapping):
-                    continue
-                for key in CHAT_MEDIA_PART_KEYS:
-                    if key in part:
-                        yield _url_of(part[key], f"messages[{i}].content[{j}].{key}")
+    for part in iter_content_parts(body.get("messages")):
+        if not isinstance(part.part, Mapping):
+            continue
+        for key in CHAT_MEDIA_PART_KEYS:  # every media key, so a mislabelled part is checked too
+            if key in part.part:
+                yield _url_of(part.part[key], f"{part.where}.{key}")
     for key in TOP_LEVEL_MEDIA_LISTS:
         if body.get(key) is None:
             continue

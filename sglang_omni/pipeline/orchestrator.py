@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
+from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import ConfigError, ServiceUnavailable, StageDied, StageRestarting
 from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
@@ -26,7 +28,6 @@ from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.streams import stream_call
 from sglang_omni.pipeline.umm import (
     Complete,
-    DispatchResult,
     Limits,
     Segment,
     UMMController,
@@ -34,10 +35,8 @@ from sglang_omni.pipeline.umm import (
     UMMRequest,
     UMMRun,
 )
-from sglang_omni.runtime.ipc import Frames
 from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.runtime.stage_handle import StageHandle
-from sglang_omni.runtime.stage_result import StageResult
 
 log = logging.getLogger("sglang_omni.orchestrator")
 
@@ -166,8 +165,8 @@ class Orchestrator:
         raise ServiceUnavailable(f"stage(s) {names} are not running; the server is "
                                  "unhealthy and needs a restart")
 
-    async def _call(self, stage: str, rid: str, payload: dict[str, Any],
-                    frames: Frames) -> DispatchResult:
+    async def _call(self, stage: str, rid: str, payload: Mapping[str, Any],
+                    frames: Frames) -> StageResult:
         """Run a controller dispatch; generations go through the planned queue. Fails with
         StageDied as soon as any stage dies while the request is admitted."""
         handle = self.stages[stage]
@@ -179,8 +178,8 @@ class Orchestrator:
             work = self.scheduler.generation(rid, str(payload.get("modality", "image")), run)
         else:
             work = self.scheduler.reasoner_turn(rid, run)
-        result = await self._unless_doomed(rid, work)
-        return DispatchResult(stage, result.payload, result.frames)
+        result: StageResult = await self._unless_doomed(rid, work)
+        return result
 
     async def _unless_doomed(self, rid: str, work: Any) -> Any:
         """Await ``work`` unless a stage dies first; then cancel it and raise StageDied."""
@@ -206,7 +205,7 @@ class Orchestrator:
                         ) -> AsyncGenerator[dict[str, Any] | StageResult, None]:
         """One Reasoner completion: yields ``{"text": delta}`` chunks, then the StageResult."""
         self.check_healthy()
-        payload = {
+        payload: ReasonerPayload = {
             "messages": req.messages,
             # stage_sampling.reasoner outranks the top-level sampling fields
             "sampling": {**req.sampling, **req.stage_sampling.get("reasoner", {})},
@@ -214,8 +213,8 @@ class Orchestrator:
             "response_format": req.response_format,
             "stream": req.stream,
             "turn_index": 0,
-            "umm_adapter": None,
-            "options": {k: req.extra[k] for k in ("logprobs", "top_logprobs") if k in req.extra},
+            "options": cast(ReasonerOptions, {k: req.extra[k] for k in REASONER_OPTION_FIELDS
+                                              if k in req.extra}),
         }
         async for item in stream_call(self.stages["reasoner"], rid, payload):
             yield item

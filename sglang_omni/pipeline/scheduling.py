@@ -60,22 +60,19 @@ class PlannedGenerations:
     def __init__(self, timeout_s: float, max_generations: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.planner = GenerationPlanner(
-            PlannerConfig(timeout_s=timeout_s, max_generations=max_generations, max_active=None),
-            clock)
+            PlannerConfig(timeout_s=timeout_s, max_generations=max_generations), clock)
         self.requests: dict[str, _Request] = {}
         self._ticker: asyncio.Task | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def admit(self, rid: str) -> None:
-        """Plan a new request; ServiceUnavailable when an idle server would give it more."""
+        """Plan a new request; ServiceUnavailable when the planner refuses it."""
         update = self.planner.handle(Admit(rid))
-        admission = update.admission
-        if admission is None or not admission.admitted:
-            self._act(update)
-            message = admission.message if admission else "the generation plan is full"
-            raise ServiceUnavailable(message or "the generation plan is full; retry later")
-        self.requests[rid] = _Request()
+        if update.refused is None:
+            self.requests[rid] = _Request()
         self._act(update)
+        if update.refused is not None:
+            raise ServiceUnavailable(update.refused)
 
     def release(self, rid: str) -> None:
         if self.requests.pop(rid, None) is not None:
@@ -122,11 +119,10 @@ class PlannedGenerations:
         state.go.clear()
         update = self.planner.handle(GenerationQueued(rid, modality))
         self._act(update)
-        receipt = next((r for r in update.receipts if r.request_id == rid), None)
-        if receipt is not None:
+        if update.receipt is not None:
             log.info("request %s: the plan no longer allows its %s generation; answered with "
-                     "a receipt", rid, receipt.modality)
-            raise DispatchReceipt(receipt.message)
+                     "a receipt", rid, modality)
+            raise DispatchReceipt(update.receipt)
         try:
             await self._unless_failed(state, state.go.wait)
             state.go.clear()
@@ -182,6 +178,12 @@ class PlannedGenerations:
         self._ensure_ticker()
 
     def _report(self, update: PlanUpdate) -> None:
+        if update.measured_longer:
+            times = self.planner.times
+            log.info("a longer time was measured (Reasoner turn %.1f s, generations %s); "
+                     "plans computed again", times.reasoner,
+                     ", ".join(f"{m} {s:.1f} s" for m, s in sorted(times.longest_s.items()))
+                     or "none yet")
         for change in update.lowered:
             log.info("request %s: plan lowered from %d to %d generation(s)",
                      change.request_id, change.before, change.after)

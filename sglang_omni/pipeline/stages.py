@@ -26,6 +26,7 @@ def engine_spec(config: ResolvedConfig, name: str) -> EngineSpec:
                       "max_media_bytes": config.server.max_media_bytes,
                       "fetch_timeout_s": config.server.media_fetch_timeout_s,
                       "fetch_deadline_s": config.server.media_fetch_deadline_s},
+        umm_adapter=config.pipeline().umm_adapter(),
     )
 
 

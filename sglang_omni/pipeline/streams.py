@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from sglang_omni.runtime.ipc import Frames
+from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.runtime.stage_handle import StageHandle
-from sglang_omni.runtime.stage_result import StageResult
 
 _DONE = object()
 
 
-async def stream_call(handle: StageHandle, rid: str, payload: dict[str, Any],
+async def stream_call(handle: StageHandle, rid: str, payload: Mapping[str, Any],
                       frames: Frames | None = None) -> AsyncIterator[dict[str, Any] | StageResult]:
     """Yield each chunk dict, then the ``StageResult``; errors of the call are raised.
 

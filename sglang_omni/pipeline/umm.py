@@ -19,15 +19,15 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
+from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
 from sglang_omni.media.types import INLINE_LIMIT
-from sglang_omni.runtime.ipc import Frames
 
 TEXT, IMAGE, VIDEO = "text", "image", "video"
 
@@ -50,29 +50,18 @@ class UMMRequest:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Work for one stage. ``modality`` names the media a generation dispatch makes."""
+    """Work for one stage. ``modality`` names the media a generation dispatch makes. The built-in
+    engines take the payloads of ``engines.payloads``."""
 
     stage: str
-    payload: dict[str, Any]
+    payload: Mapping[str, Any]
     frames: Frames = field(default_factory=list)
     modality: str | None = None
 
 
-@dataclass(frozen=True)
-class DispatchResult:
-    """What the stage answered. ``receipt`` is set instead when the dispatch was not run (the
-    deadline plan no longer allows the generation): payload and frames are empty, and the adapter
-    should tell the Reasoner ``receipt`` and ask for the final answer."""
-
-    stage: str
-    payload: dict[str, Any]
-    frames: Frames
-    receipt: str | None = None
-
-
 class DispatchReceipt(Exception):  # noqa: N818 - a receipt, not an error
     """Raised by a ``StageCall`` to answer a dispatch without running it: the controller hands
-    the adapter ``DispatchResult(stage, {}, [], receipt=message)``."""
+    the adapter ``StageResult({}, [], stage=stage, receipt=message)``."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -131,13 +120,14 @@ class Budget:
 
 class UMMAdapter(Protocol):
     """One instance per request. ``start`` checks the request (raise BadRequest before any model
-    work) and returns the first step; ``advance`` takes the result of the last dispatch;
+    work) and returns the first step; ``advance`` takes the result of the last dispatch
+    (``result.stage`` names its stage; ``result.receipt`` is set when it was not run);
     ``usage`` reports token counts; ``close`` frees what the request held. Raise an OmniError to
     fail the request."""
 
     def start(self, request: UMMRequest, budget: Budget) -> Step: ...
 
-    def advance(self, result: DispatchResult, budget: Budget) -> Step: ...
+    def advance(self, result: StageResult, budget: Budget) -> Step: ...
 
     def usage(self) -> dict[str, int]: ...
 
@@ -155,6 +145,10 @@ class UMMPipelineConfig(PipelineConfig):
     mode = "umm"
     adapter_cls: ClassVar[type]
     max_generations: ClassVar[int] = 8
+
+    @classmethod
+    def umm_adapter(cls) -> str | None:
+        return f"{cls.adapter_cls.__module__}:{cls.adapter_cls.__qualname__}"
 
     @classmethod
     def largest_output_bytes(cls, max_dispatches: int) -> int:
@@ -220,9 +214,10 @@ class Complete:
     usage: dict[str, int]
 
 
-StageCall = Callable[[str, str, dict[str, Any], Frames], Awaitable[DispatchResult]]
-"""``call(stage, rid, payload, frames)``: run a dispatch; cancelling it aborts the job. It may
-raise ``DispatchReceipt`` to answer a generation the deadline plan no longer allows."""
+StageCall = Callable[[str, str, Mapping[str, Any], Frames], Awaitable[StageResult]]
+"""``call(stage, rid, payload, frames)``: run a dispatch and return the stage's result (its
+``stage`` set, as ``StageHandle.call`` sets it); cancelling it aborts the job. It may raise
+``DispatchReceipt`` to answer a generation the deadline plan no longer allows."""
 
 
 class UMMController:
@@ -327,7 +322,7 @@ class UMMRun:
                     # receipt (the generation is not counted; the dispatch is, so an adapter
                     # that keeps asking still ends within max_dispatches).
                     state.uncount_generation(dispatch)
-                    result = DispatchResult(dispatch.stage, {}, [], receipt=receipt.message)
+                    result = StageResult({}, [], stage=dispatch.stage, receipt=receipt.message)
                 state.hold(len(json.dumps(result.payload, ensure_ascii=False).encode()))
                 step = adapter.advance(result, state.budget())
         finally:

@@ -15,7 +15,8 @@ from typing import Any
 
 import msgpack
 
-Frames = list[bytes | bytearray]
+from sglang_omni.engines.result import Frames
+
 _LEN = struct.Struct("!Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
 

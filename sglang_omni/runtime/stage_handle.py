@@ -22,18 +22,18 @@ import multiprocessing as mp
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_omni.config.gpus import device_env
 from sglang_omni.engines.base import EngineSpec
+from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
-from sglang_omni.runtime.ipc import Channel, Frames, WireEncodeError, channel_pair, pack_header
+from sglang_omni.runtime.ipc import Channel, WireEncodeError, channel_pair, pack_header
 from sglang_omni.runtime.proc import kill_group
 from sglang_omni.runtime.stage_process import stage_main
-from sglang_omni.runtime.stage_result import StageResult
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -185,9 +185,9 @@ class StageHandle:
         self.ready = True
 
     # --- calls ------------------------------------------------------------------------------
-    async def call(self, rid: str, payload: dict[str, Any], frames: Frames | None = None,
+    async def call(self, rid: str, payload: Mapping[str, Any], frames: Frames | None = None,
                    on_chunk: ChunkCallback | None = None) -> StageResult:
-        """Run ``payload`` on the stage for request ``rid``.
+        """Run ``payload`` on the stage for request ``rid``; the result names this stage.
 
         Chunks go to ``on_chunk`` in order. Cancelling the awaiting task aborts the job on the
         stage. Raises StageDied, StageCallError or ServerError.
@@ -333,7 +333,7 @@ class StageHandle:
         elif op == "result":
             self.counters.completed += 1
             pending.future.set_result(StageResult(header.get("payload") or {}, frames,
-                                                  float(header.get("engine_s", 0.0))))
+                                                  float(header.get("engine_s", 0.0)), self.name))
         elif op == "error":
             self.counters.failed += 1
             pending.future.set_exception(StageCallError(

@@ -28,8 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, build_engine
+from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError
-from sglang_omni.runtime.ipc import Channel, Frames, WireEncodeError, pack_header
+from sglang_omni.runtime.ipc import Channel, WireEncodeError, pack_header
 from sglang_omni.runtime.proc import die_with_parent, start_idle_child
 
 log = logging.getLogger("sglang_omni.stage")

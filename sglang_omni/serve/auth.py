@@ -1,6 +1,8 @@
 """Who may call: the ``--api-key`` check, as pure ASGI middleware.
 
-With a key set, every HTTP and WebSocket request except ``/health`` must carry
+With a key set, every HTTP and WebSocket request except ``/health`` and the API documentation
+(``/docs``, ``/redoc``, their assets and ``/openapi.json``, which a browser loads without a
+bearer header and which hold no secret) must carry
 ``Authorization: Bearer KEY`` (compared in constant time). Others get 401 in the JSON error
 shape with ``WWW-Authenticate: Bearer``; a WebSocket is closed with code 1008 before it opens.
 """
@@ -14,7 +16,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_omni.errors import Unauthorized
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json"})
+OPEN_PREFIXES = ("/docs/assets/",)
 WS_POLICY_VIOLATION = 1008
 
 
@@ -29,8 +32,13 @@ def bearer_token(scope: Scope) -> bytes | None:
     return None
 
 
+def is_open(path: str) -> bool:
+    """Whether ``path`` is served without the API key."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
 class ApiKeyAuth:
-    """Refuse requests without the server's bearer key (``/health`` stays open)."""
+    """Refuse requests without the server's bearer key (:func:`is_open` paths stay open)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -41,7 +49,7 @@ class ApiKeyAuth:
         return token is not None and hmac.compare_digest(token, self._key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("path") in OPEN_PATHS \
+        if scope["type"] not in ("http", "websocket") or is_open(scope.get("path", "")) \
                 or self.authorized(scope):
             await self.app(scope, receive, send)
             return

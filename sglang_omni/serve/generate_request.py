@@ -7,17 +7,18 @@ from typing import Any
 
 from sglang_omni.errors import BadRequest
 from sglang_omni.serve.chat_request import SAMPLING_LIKE_FIELDS, parse_chat_request
+from sglang_omni.serve.schemas.chat import LOGPROB_OPTIONS, ROLLOUT_ARTIFACTS, GenerateRequest
+from sglang_omni.serve.validation import validate
 
-ROLLOUT_ARTIFACTS = ("return_logprob", "return_hidden_states", "return_routed_experts",
-                     "return_text_in_logprobs", "return_entropy", "return_prompt_token_ids")
-LOGPROB_OPTIONS = ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
 FIELDS = ("prompt", "messages", "images", "videos", "stream", "rid", "model", "stage_params",
           "stage_sampling") + SAMPLING_LIKE_FIELDS + ROLLOUT_ARTIFACTS \
     + LOGPROB_OPTIONS
 
 
 @dataclass
-class GenerateRequest:
+class ParsedGenerate:
+    """A checked ``/generate`` request, ready for the orchestrator."""
+
     rid: Any
     stream: bool
     messages: list[dict[str, Any]]
@@ -27,33 +28,32 @@ class GenerateRequest:
     chat_body: dict[str, Any]
 
 
-def parse_generate_request(body: Any, stages: tuple[str, ...]) -> GenerateRequest:
+def parse_generate_request(body: Any, stages: tuple[str, ...]) -> ParsedGenerate:
     """``prompt`` (or ``messages``), chat media, sampling and stage fields; rollout artifacts
     are refused, since interleaved results carry none."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    for key in body:
+    fields = validate(GenerateRequest, body).model_dump(exclude_unset=True)
+    for key in fields:
         if key not in FIELDS:
             raise BadRequest(f"{key}: not a field of /generate on the interleaved pipeline; put "
                              "native fields under stage_params.reasoner or "
                              "stage_params.generation")
     for key in ROLLOUT_ARTIFACTS:
-        if body.get(key):
+        if fields.get(key):
             raise BadRequest(f"{key}: interleaved results carry no logprobs or other rollout "
                              "artifacts; leave it unset")
     for key in LOGPROB_OPTIONS:
-        if body.get(key) is not None:
+        if fields.get(key) is not None:
             raise BadRequest(f"{key}: interleaved results carry no logprobs; leave it unset")
-    prompt, messages = body.get("prompt"), body.get("messages")
+    prompt, messages = fields.get("prompt"), fields.get("messages")
     if (prompt is None) == (messages is None):
         raise BadRequest("give exactly one of prompt (a string) or messages (a chat list)")
     if prompt is not None:
-        if not isinstance(prompt, str) or not prompt.strip():
+        if not prompt.strip():
             raise BadRequest("prompt: expected a non-empty string")
         messages = [{"role": "user", "content": prompt}]
-    chat_body = {k: v for k, v in body.items()
+    chat_body = {k: v for k, v in fields.items()
                  if k not in ("prompt",) + ROLLOUT_ARTIFACTS + LOGPROB_OPTIONS}
     chat_body["messages"] = messages
     req = parse_chat_request(chat_body, known_stages=stages)
-    return GenerateRequest(req.rid, req.stream, req.messages, req.sampling, req.stage_params,
-                           req.stage_sampling, chat_body)
+    return ParsedGenerate(req.rid, req.stream, req.messages, req.sampling, req.stage_params,
+                          req.stage_sampling, chat_body)

@@ -34,6 +34,7 @@ from sglang_omni.errors import (
     UnsupportedMediaType,
     is_client_error,
 )
+from sglang_omni.serve.validation import bad_request_of
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -65,14 +66,8 @@ def http_exception_error(request: Request, exc: HTTPException) -> OmniError:
 
 
 def validation_error(exc: RequestValidationError) -> BadRequest:
-    """400 naming the first invalid field of a FastAPI-validated request."""
-    errors = exc.errors()
-    if not errors:
-        return BadRequest("the request is invalid")
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    where = ".".join(loc) or "the request body"
-    return BadRequest(f"{where}: {first.get('msg', 'invalid value')}")
+    """400 naming the first invalid field of a request model (:mod:`.validation`)."""
+    return bad_request_of(exc.errors())
 
 
 def install_error_handlers(app: FastAPI, respond: Callable[[OmniError], Response]) -> None:

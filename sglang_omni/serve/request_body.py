@@ -133,7 +133,8 @@ def _show(text: str) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
-def _join(path: str, key: str) -> str:
+def join_path(path: str, key: str) -> str:
+    """``path.key`` (``key`` as ``ascii()`` when it is not an identifier)."""
     name = key if key.isidentifier() else ascii(key)
     return f"{path}.{name}" if path else name
 
@@ -171,7 +172,7 @@ def check_wire_value(value: Any, max_depth: int) -> None:
                 if _LONE_SURROGATE.search(key):
                     raise BadRequest(f"{where}: the key {_show(key)} contains a lone UTF-16 "
                                      "surrogate; send valid Unicode keys")
-            stack.extend(reversed([(sub, _join(path, key), depth + 1)
+            stack.extend(reversed([(sub, join_path(path, key), depth + 1)
                                    for key, sub in item.items()]))
 
 

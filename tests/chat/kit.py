@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
+from tests import kit
 from tests.kit import metric as metric  # shared; re-exported for the chat tests
 from tests.server import SCRIPTED_CHAT, Server
 
@@ -33,7 +33,8 @@ def data_url(mime: str, data: bytes) -> str:
 
 
 def script(*entries: Any) -> str:
-    return f"<omni-script>{json.dumps(list(entries))}</omni-script>"
+    """:func:`tests.kit.script` with no text after the script."""
+    return kit.script(*entries, tail="")
 
 
 def say(text: str, **extra: Any) -> list[dict[str, Any]]:
@@ -43,12 +44,7 @@ def say(text: str, **extra: Any) -> list[dict[str, Any]]:
 
 def sse_events(body: str) -> list[Any]:
     """The JSON data of every SSE event, ``[DONE]`` as the string."""
-    out = []
-    for line in body.splitlines():
-        if line.startswith("data: "):
-            data = line[6:]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
+    return [data for _, data in kit.parse_sse(body)]
 
 
 def streamed_text(body: str) -> str:

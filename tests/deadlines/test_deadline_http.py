@@ -6,13 +6,14 @@ measures an image at about 1 s (4 steps of 0.25 s) before the scenario runs.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
 
 import httpx
 
+from tests.kit import metric, wait_until
+from tests.kit import script as kit_script
 from tests.server import SCRIPTED_UMM, Server
 
 SMALL = {"width": 32, "height": 32}
@@ -24,7 +25,7 @@ def planned_server(timeout_s: float) -> Server:
 
 
 def script(*entries: dict[str, Any]) -> str:
-    return f"<omni-script>{json.dumps(list(entries))}</omni-script>"
+    return kit_script(*entries, tail="")
 
 
 def generate(server: Server, prompt: str, timeout: float = 60) -> httpx.Response:
@@ -40,10 +41,7 @@ def measure(server: Server, first_turn_delay: float = 0.0) -> None:
 
 
 def aborted(server: Server) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = 'sgl_omni_stage_jobs_total{outcome="aborted",stage="generation"} '
-    return next(float(line[len(needle):]) for line in text.splitlines()
-                if line.startswith(needle))
+    return metric(server, "generation", "aborted")
 
 
 def test_refused_when_an_idle_server_would_plan_more() -> None:
@@ -90,7 +88,5 @@ def test_fail_fast_503_cancels_the_generation() -> None:
         message = resp.json()["error"]["message"]
         assert "retry later" in message
         assert took < 11.5  # before timeout_s (12 s) would have ended it
-        deadline = time.monotonic() + 5
-        while aborted(server) < before + 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: aborted(server) >= before + 1, timeout=5)
         assert aborted(server) == before + 1

@@ -1,7 +1,8 @@
 """Package layering: imports point one way and packages form no cycle.
 
 Layers, lowest first: errors -> media, config -> engines -> runtime -> pipeline -> models
--> serve -> cli. A module may import its own package or any lower layer. media and config
+-> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers: only the CLI sits
+above it). A module may import its own package or any lower layer. media and config
 share one level and may not import each other (neither needs the other; keeping them apart
 keeps both leaves of the graph). client is a separate top: it may import errors and its own
 modules only.
@@ -30,7 +31,8 @@ LAYER: dict[str, int] = {
     "pipeline": 4,
     "models": 5,
     "serve": 6,
-    "cli": 7,
+    "scale": 7,
+    "cli": 8,
 }
 CLIENT_MAY_IMPORT = {"client", "errors"}
 

@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.kit import metric
+from tests.kit import metric, wait_until
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
 SLOW_SCRIPT = '<omni-script>[{"action": "final", "text": "late", "delay_s": 30}]</omni-script>'
@@ -66,9 +66,7 @@ def test_closed_stream_aborts_the_stage_job() -> None:
             assert resp.status_code == 200
             next(resp.iter_lines())  # the role chunk: the job is running on the stage
             time.sleep(0.3)
-        deadline = time.monotonic() + 5
-        while metric(server, "reasoner", "aborted") < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: metric(server, "reasoner", "aborted") >= 1, timeout=5)
         assert metric(server, "reasoner", "aborted") == 1
         assert metric(server, "reasoner", "completed") == 0
 
@@ -78,9 +76,7 @@ def test_disconnected_non_streaming_request_aborts() -> None:
         body = {"messages": [{"role": "user", "content": SLOW_SCRIPT}]}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.5)
-        deadline = time.monotonic() + 5
-        while metric(server, "reasoner", "aborted") < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: metric(server, "reasoner", "aborted") >= 1, timeout=5)
         assert metric(server, "reasoner", "aborted") == 1
 
 

@@ -20,9 +20,10 @@ from sglang_omni.errors import BadRequest
 from tests.server import SCRIPTED_CHAT, Server
 
 
-def spec(role: str, **factory: object) -> EngineSpec:
+def spec(role: str, umm_adapter: str | None = None, **factory: object) -> EngineSpec:
     return EngineSpec(stage=role, role=role, backend="scripted", model_path=None, gpu=None,
-                      gpu_memory_fraction=None, factory=dict(factory), engine={})
+                      gpu_memory_fraction=None, factory=dict(factory), engine={},
+                      umm_adapter=umm_adapter)
 
 
 def run(engine: object, payload: dict, frames: list[bytes] | None = None) -> tuple:
@@ -40,9 +41,11 @@ class JsonAdapter:
         return "DECISION " + json.dumps(entry, sort_keys=True)
 
 
-def reasoner_payload(messages: list, turn: int = 0, adapter: bool = True) -> dict:
-    return {"messages": messages, "turn_index": turn,
-            "umm_adapter": f"{__name__}:JsonAdapter" if adapter else None}
+JSON_ADAPTER = f"{__name__}:JsonAdapter"  # the stage's adapter, given at start-up
+
+
+def reasoner_payload(messages: list, turn: int = 0) -> dict:
+    return {"messages": messages, "turn_index": turn}
 
 
 SCRIPT = ('<omni-script>[{"action": "image", "prompt": "a cube"}, "raw {not json",'
@@ -56,7 +59,7 @@ def test_reasoner_follows_the_script_turn_by_turn() -> None:
                 {"role": "user", "content": [{"type": "image_url",
                                               "image_url": {"url": "omni-frame://0"}},
                                              {"type": "text", "text": "here it is"}]}]
-    engine = ScriptedReasoner(spec("reasoner"))
+    engine = ScriptedReasoner(spec("reasoner", JSON_ADAPTER))
     first, _ = run(engine, reasoner_payload(messages, 0), [png])
     assert first.payload["text"] == 'DECISION {"action": "image", "prompt": "a cube"}'
     second, _ = run(engine, reasoner_payload(messages, 1), [png])
@@ -70,18 +73,19 @@ def test_reasoner_follows_the_script_turn_by_turn() -> None:
 
 
 def test_reasoner_without_script() -> None:
-    engine = ScriptedReasoner(spec("reasoner"))
+    engine = ScriptedReasoner(spec("reasoner", JSON_ADAPTER))
+    chat_engine = ScriptedReasoner(spec("reasoner"))  # text-only chat: no adapter
     msgs = [{"role": "user", "content": "plain question"}]
     umm, _ = run(engine, reasoner_payload(msgs, 0))
     assert "scripted reasoner: no script entry for turn 0" in umm.payload["text"]
-    chat, _ = run(engine, reasoner_payload(msgs, 0, adapter=False))
-    again, _ = run(engine, reasoner_payload(msgs, 0, adapter=False))
+    chat, _ = run(chat_engine, reasoner_payload(msgs, 0))
+    again, _ = run(chat_engine, reasoner_payload(msgs, 0))
     assert chat.payload["text"] == again.payload["text"]
     assert "plain question" in chat.payload["text"]
 
 
 def test_reasoner_delay_and_bad_script() -> None:
-    engine = ScriptedReasoner(spec("reasoner"))
+    engine = ScriptedReasoner(spec("reasoner", JSON_ADAPTER))
     msgs = [{"role": "user", "content": '<omni-script>[{"action": "final", "text": "t", '
                                         '"delay_s": 0.3}]</omni-script>'}]
     start = time.monotonic()

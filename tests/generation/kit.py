@@ -2,38 +2,25 @@
 
 from __future__ import annotations
 
-import io
-import re
 from pathlib import Path
 from typing import Any
 
 import httpx
-from PIL import Image
 
-from tests.kit import wait_for as wait_for  # shared; re-exported for the generation tests
+from tests import kit
+from tests.kit import error_of as error_of  # shared helpers, re-exported for the generation tests
+from tests.kit import png_size as png_size
+from tests.kit import wait_for as wait_for
 from tests.server import SCRIPTED_GENERATION, Server
 
 HTTP = httpx.Client(timeout=60)
-JOBS_RE = re.compile(r'^sgl_omni_stage_jobs_total\{outcome="(\w+)",stage="(\w+)"\} (\S+)$')
 FAKE_DRIVER = "tests.generation.fake_diffusion:FakeDiffusion"
 
 
 def metric(server: Server, outcome: str, stage: str = "generation") -> float:
-    for line in HTTP.get(f"{server.url}/metrics", timeout=5).text.splitlines():
-        match = JOBS_RE.match(line)
-        if match and match[1] == outcome and match[2] == stage:
-            return float(match[3])
-    raise AssertionError(f"no {stage}/{outcome} job counter in /metrics")
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    with Image.open(io.BytesIO(data)) as img:
-        assert img.format == "PNG"
-        return img.size
-
-
-def error_of(resp: httpx.Response) -> dict[str, Any]:
-    return resp.json()["error"]
+    """:func:`tests.kit.metric` with the outcome first: the direct pipeline's one stage is
+    generation."""
+    return kit.metric(server, stage, outcome)
 
 
 def wait_video(server: Server, video_id: str, timeout: float = 30) -> dict[str, Any]:

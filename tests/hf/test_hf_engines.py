@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
-from sglang_omni.engines.base import EngineSpec, Job, JobResult  # noqa: E402
+from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.hf import HFGenerator, HFReasoner  # noqa: E402
+from sglang_omni.engines.result import StageResult  # noqa: E402
 from sglang_omni.errors import BadRequest  # noqa: E402
 from sglang_omni.models.cosmos3 import decision  # noqa: E402
 
@@ -54,7 +55,7 @@ def engines(tiny_checkpoint: Path) -> Any:
 
 
 def run_job(loop: Loop, engine: Any, payload: dict, frames: list[bytes] | None = None,
-            emit: Any = None) -> tuple[JobResult, list[dict]]:
+            emit: Any = None) -> tuple[StageResult, list[dict]]:
     chunks: list[dict] = []
     job = Job("r1", payload, frames or [], emit=emit or chunks.append)
     return loop.run(engine.run(job)), chunks

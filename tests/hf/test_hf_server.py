@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
+from tests.kit import parse_sse  # noqa: E402
 from tests.server import Server  # noqa: E402
 
 SMALL = {"width": 64, "height": 64, "num_frames": 5, "num_inference_steps": 2, "seed": 7}
@@ -27,16 +27,6 @@ def server(tiny_checkpoint: Path) -> Any:
     with Server("--demo", "--model-path", str(tiny_checkpoint),
                 "--orchestrator.factory.max_dispatches", "5", timeout=240) as running:
         yield running
-
-
-def sse_events(text: str) -> list[tuple[str, Any]]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        lines = block.splitlines()
-        name = next((ln[7:] for ln in lines if ln.startswith("event: ")), "message")
-        data = "".join(ln[6:] for ln in lines if ln.startswith("data: "))
-        events.append((name, data if data == "[DONE]" else json.loads(data)))
-    return events
 
 
 def media_bytes(segment: dict) -> bytes:
@@ -51,7 +41,7 @@ def test_streaming_request_yields_real_segments(server: Server) -> None:
     body = {"prompt": PROMPT, "stream": True, "stage_params": {"generation": SMALL}}
     response = httpx.post(f"{server.url}/generate", json=body, timeout=120)
     assert response.status_code == 200
-    events = sse_events(response.text)
+    events = parse_sse(response.text)
     assert events[-1] == ("message", "[DONE]")
     segments = [data for name, data in events if name == "segment"]
     complete = [data for name, data in events if name == "complete"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.kit import metric
 from tests.media.media_http_server import PNG, MediaServer
 from tests.server import SCRIPTED_UMM, Server
 
@@ -76,10 +77,7 @@ def guarded(media_root: Path) -> Iterator[Server]:
 
 
 def submitted(server: Server) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    needle = 'sgl_omni_stage_jobs_total{outcome="submitted",stage="reasoner"} '
-    return next((float(line[len(needle):]) for line in text.splitlines()
-                 if line.startswith(needle)), 0.0)
+    return metric(server, "reasoner", "submitted", default=0.0)
 
 
 def chat(server: Server, *urls: str, timeout: float = 30, **extra: object) -> httpx.Response:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.kit import metric
+from tests.kit import metric, wait_until
 from tests.media.media_http_server import PNG, MediaServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
@@ -117,9 +116,7 @@ def test_aborted_fetch_leaves_no_temp_file(server: Server, hosts: MediaServer,
     before = metric(server, "reasoner", "aborted")
     with pytest.raises(httpx.ReadTimeout):
         chat(server, hosts.url("127.0.0.1", "/stall-body"), timeout=1.0)
-    deadline = time.monotonic() + 10
-    while metric(server, "reasoner", "aborted") < before + 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: metric(server, "reasoner", "aborted") >= before + 1, timeout=10)
     assert metric(server, "reasoner", "aborted") == before + 1
     assert leftovers(tmpdir_env) == []
 

@@ -35,7 +35,11 @@ from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.native.reasoner import NativeReasoner  # noqa: E402
 from sglang_omni.engines.native.server_args import resolve_server_args  # noqa: E402
 from sglang_omni.errors import BadRequest, MediaRefused, NativeRefusal  # noqa: E402
-from sglang_omni.serve.chat_request import LENGTH_STOP_FIELDS, SAMPLING_FIELDS  # noqa: E402
+from sglang_omni.pipeline.chat_request import (  # noqa: E402
+    LENGTH_STOP_FIELDS,
+    OUTPUT_FIELDS,
+    SAMPLING_FIELDS,
+)
 from tests.chat.kit import data_url, media_host, png  # noqa: E402
 from tests.native.fakes import GENERATION_CONFIG, FakeEngine  # noqa: E402
 
@@ -70,7 +74,7 @@ def job(messages: list[dict], stream: bool = False, rid: str = "r1", **payload: 
         ) -> tuple[Job, list[dict]]:
     chunks: list[dict] = []
     body = {"messages": messages, "sampling": {}, "stream": stream, "turn_index": 0,
-            "umm_adapter": None, **payload}
+            **payload}
     return Job(rid, body, [], emit=chunks.append), chunks
 
 
@@ -217,7 +221,8 @@ def test_logprobs_are_asked_for_without_stream() -> None:
 
 
 def test_omni_forwards_only_native_field_names() -> None:
-    assert set(SAMPLING_FIELDS + LENGTH_STOP_FIELDS) <= set(ChatCompletionRequest.model_fields)
+    forwarded = SAMPLING_FIELDS + LENGTH_STOP_FIELDS + OUTPUT_FIELDS
+    assert set(forwarded) <= set(ChatCompletionRequest.model_fields)
 
 
 @pytest.mark.parametrize("stage_params,needle", [

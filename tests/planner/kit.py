@@ -21,6 +21,7 @@ from sglang_omni.pipeline.planner import (
 )
 
 GHOST = "ghost"  # measurements under an id the planner does not track are recorded all the same
+TICK_AFTER_EXPIRY_S = 0.25  # the scheduler ticks every 0.25 s (scheduling.TICK_S)
 
 
 class Clock:
@@ -33,11 +34,10 @@ class Clock:
         return self.now
 
 
-def make(timeout_s: float = 100.0, max_generations: int = 2, max_active: int | None = None
+def make(timeout_s: float = 100.0, max_generations: int = 2
          ) -> tuple[GenerationPlanner, Clock]:
     clock = Clock()
-    config = PlannerConfig(timeout_s=timeout_s, max_generations=max_generations,
-                           max_active=max_active)
+    config = PlannerConfig(timeout_s=timeout_s, max_generations=max_generations)
     return GenerationPlanner(config, clock), clock
 
 
@@ -100,12 +100,16 @@ class Run:
 
 
 def drive(planner: GenerationPlanner, clock: Clock, arrivals: list[Arrival],
-          check: Callable[[GenerationPlanner], None] | None = None) -> Run:
+          check: Callable[[GenerationPlanner], None] | None = None,
+          max_active: int | None = None) -> Run:
     """Run ``arrivals`` through ``planner`` with a one-generation-at-a-time stage.
 
     The loop follows the planner's contract: it offers each turn what the planner allows,
     dispatches only what ``next_generation`` names, answers receipts, fails fast-failed
-    requests, and times requests out at their deadline. ``check`` runs after every event.
+    requests, and times requests out at their deadline. Like the orchestrator it refuses an
+    arrival without asking the planner while ``max_active`` requests are planned. It ticks
+    just after each measurement leaves the window (as the scheduler's periodic tick would).
+    ``check`` runs after every event.
     """
     timeout = planner.config.timeout_s
     events: list[tuple[float, bool, int, str, str, int]] = []
@@ -150,8 +154,8 @@ def drive(planner: GenerationPlanner, clock: Clock, arrivals: list[Arrival],
             end(fail.request_id, "failfast")
         if check is not None:
             check(planner)
-        expiry = planner.next_expiry()
-        if expiry is not None and expiry > clock.now and expiry not in ticks:
+        expiry = clock.now + timeout + TICK_AFTER_EXPIRY_S
+        if isinstance(event, (TurnEnded, GenerationFinished)) and expiry not in ticks:
             ticks.add(expiry)
             push(expiry, "tick")
         return update
@@ -171,14 +175,15 @@ def drive(planner: GenerationPlanner, clock: Clock, arrivals: list[Arrival],
         clock.now = at
         o = outcomes.get(rid)
         if kind == "arrive":
-            update = handle(Admit(rid))
-            assert update.admission is not None
-            if not update.admission.admitted:
+            if max_active is not None and len(planner.plan()) >= max_active:
+                o.status = "refused"
+                continue
+            if handle(Admit(rid)).refused is not None:
                 o.status = "refused"
                 continue
             o.admitted, o.admitted_at, o.deadline = True, at, at + timeout
             push(o.deadline, "deadline", rid, -1)
-            start_turn(rid, update.admission.allowance)
+            start_turn(rid, planner.allowance(rid))
         elif kind == "tick":
             handle(Tick())
         elif o is None or o.status or (token != o.token and kind != "deadline"):
@@ -197,8 +202,8 @@ def drive(planner: GenerationPlanner, clock: Clock, arrivals: list[Arrival],
                 update = handle(GenerationQueued(rid, modality))
                 if o.status:
                     continue
-                if any(r.request_id == rid for r in update.receipts):
-                    assert update.turn is not None and update.turn.allowance == 0
+                if update.receipt is not None:
+                    assert planner.allowance(rid) == 0
                     start_turn(rid, 0)
                 else:
                     o.state, o.modality = "queued", modality
@@ -207,11 +212,10 @@ def drive(planner: GenerationPlanner, clock: Clock, arrivals: list[Arrival],
                 handle(Released(rid))
         elif kind == "gen_end":
             stage[0] = None
-            update = handle(GenerationFinished(rid, o.modality, o.gen_s))
+            handle(GenerationFinished(rid, o.modality, o.gen_s))
             o.gens_done += 1
             if not o.status:
-                assert update.turn is not None and update.turn.request_id == rid
-                start_turn(rid, update.turn.allowance)
+                start_turn(rid, planner.allowance(rid))
         while stage[0] is None and (nxt := planner.next_generation()) is not None:
             n = outcomes[nxt]
             n.state, stage[0], n.gen_started = "generating", nxt, clock.now

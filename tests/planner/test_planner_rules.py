@@ -11,7 +11,6 @@ import pytest
 
 from sglang_omni.pipeline.planner import (
     RECEIPT_TEXT,
-    SERVICE_UNAVAILABLE,
     Admit,
     FailFast,
     GenerationFinished,
@@ -19,19 +18,27 @@ from sglang_omni.pipeline.planner import (
     GenerationStarted,
     PlanChange,
     PlannerConfig,
-    Receipt,
     Released,
     Tick,
     TurnEnded,
-    TurnOffer,
+    TurnStarted,
 )
 from tests.planner.kit import GHOST, allowances, make, measure
 
 
-def admit(planner, rid):
+def admit(planner, rid) -> int:
+    """Admit ``rid``, which must be admitted; the generations its first turn is offered."""
     update = planner.handle(Admit(rid))
-    assert update.admission is not None
-    return update.admission
+    assert update.refused is None, update.refused
+    return planner.allowance(rid)
+
+
+def refuse(planner, rid) -> str:
+    """Offer ``rid``, which must be refused; the refusal (a 503's message)."""
+    update = planner.handle(Admit(rid))
+    assert update.refused is not None and update.failed == () and update.lowered == ()
+    assert rid not in allowances(planner)
+    return update.refused
 
 
 def queue(planner, rid, modality, turn_s=1.0):
@@ -44,14 +51,13 @@ def test_idle_server_allowance_with_the_default_eight_generations() -> None:
     planner, _ = make(timeout_s=600, max_generations=8)
     measure(planner, reasoner=2, image=20, video=60)  # G = 60
     # Idle: 2 + 8 x (60 + 2) = 498 <= 600, so all eight.
-    a = admit(planner, "A")
-    assert (a.admitted, a.allowance, a.deadline) == (True, 8, 600)
+    assert admit(planner, "A") == 8
+    assert planner.plan()[0].deadline == 600
     assert planner.plan()[0].finish == pytest.approx(498)
     # A's generations end at 2+60=62, 124, ..., 2 + 8*60 + 7*2 = 496. Behind them B's first
     # ends at 556 (-> 558 <= 600), a second at 558+60 = 618 > 600: 1 < 8, refused.
-    b = admit(planner, "B")
-    assert not b.admitted and b.status == SERVICE_UNAVAILABLE
-    assert "only 1 of the 8 generations" in b.message and "retry later" in b.message
+    message = refuse(planner, "B")
+    assert "only 1 of the 8 generations" in message and "retry later" in message
 
 
 def test_new_requests_plan_behind_the_active_ones_and_are_refused_below_an_idle_server() -> None:
@@ -61,41 +67,36 @@ def test_new_requests_plan_behind_the_active_ones_and_are_refused_below_an_idle_
     # A: [1,11] [12,22] -> 23; B: [22,32] [33,43] -> 44; C: [43,53] [54,64] -> 65;
     # D: [64,74] [75,85] -> 86.
     for rid in "ABCD":
-        a = admit(planner, rid)
-        assert (a.admitted, a.allowance) == (True, 2), rid
+        assert admit(planner, rid) == 2, rid
     assert [p.finish for p in planner.plan()] == [23, 44, 65, 86]
     # E: [85,95] -> 96 fits one, [96,106] not: 1 < 2 -> refused, nothing else changes.
-    update = planner.handle(Admit("E"))
-    assert update.admission is not None and not update.admission.admitted
-    assert update.admission.status == 503 and update.admission.allowance == 0
-    assert "4 active requests" in update.admission.message
-    assert update.turn is None and planner.active == 4
+    assert "4 active requests" in refuse(planner, "E")
+    assert allowances(planner) == dict.fromkeys("ABCD", 2)
 
 
 def test_admission_offers_the_first_turn() -> None:
     planner, _ = make()
     measure(planner, reasoner=1, image=10)
-    update = planner.handle(Admit("A"))
-    assert update.turn == TurnOffer("A", 2)
+    assert planner.handle(Admit("A")).refused is None
     assert planner.allowance("A") == 2
+    assert planner.plan()[0].finish == 23  # the turn running now was offered both generations
 
 
-def test_max_active_caps_admission() -> None:
-    planner, _ = make(max_active=2)
+def test_a_release_frees_the_stage_for_new_requests() -> None:
+    planner, _ = make()
     measure(planner, reasoner=1, image=10)
-    assert admit(planner, "A").admitted and admit(planner, "B").admitted
-    refused = admit(planner, "C")
-    assert not refused.admitted and refused.status == 503
-    assert "max_active" in refused.message and "retry later" in refused.message
+    for rid in "ABCD":  # as above: E does not fit behind them
+        admit(planner, rid)
+    assert "retry later" in refuse(planner, "E")
     planner.handle(Released("A"))
-    assert admit(planner, "C").admitted  # C: [22,32] [33,43] -> 44 behind B's 22
+    # B -> 23, C -> 44, D -> 65; E: [64,74] [75,85] -> 86.
+    assert admit(planner, "E") == 2
 
 
 def test_a_generation_longer_than_timeout_refuses_everyone() -> None:
     planner, _ = make()
     measure(planner, reasoner=1, video=150)  # 1 + 150 + 1 > 100: an idle server gives 0
-    refused = admit(planner, "A")
-    assert not refused.admitted and "longer than timeout_s" in refused.message
+    assert "longer than timeout_s" in refuse(planner, "A")
 
 
 # --- longer times: re-plan in the stage's order ---------------------------------------------------
@@ -109,7 +110,7 @@ def test_a_longer_time_replans_in_stage_order() -> None:
     # C: [92,122] -> 123 > 100 -> 0, offered only a final answer; likewise D.
     assert update is not None and update.measured_longer
     assert update.lowered == (PlanChange("B", 2, 1), PlanChange("C", 2, 0), PlanChange("D", 2, 0))
-    assert update.raised == () and update.failed == ()
+    assert update.failed == ()
     assert allowances(planner) == {"A": 2, "B": 1, "C": 0, "D": 0}
     assert [p.finish for p in planner.plan()] == [63, 93, 2, 2]  # C, D: turn 1 + receipt turn 1
 
@@ -122,12 +123,12 @@ def test_a_generation_chosen_without_a_plan_returns_as_a_receipt() -> None:
     measure(planner, video=30)  # as above: C is left with 0
     clock.now = 1
     update = queue(planner, "C", "image")
-    assert update.receipts == (Receipt("C", "image", RECEIPT_TEXT),)
-    assert update.turn == TurnOffer("C", 0)  # its next turn is offered only a final answer
+    assert update.receipt == RECEIPT_TEXT
+    assert planner.allowance("C") == 0  # its next turn is offered only a final answer
     (c,) = [p for p in planner.plan() if p.request_id == "C"]
     assert (c.phase, c.used, c.finish) == ("reasoning", 0, 2)  # 1 + R, no receipt turn after it
     again = queue(planner, "C", "image", turn_s=0.5)  # ignores the offer: a receipt again
-    assert again.receipts == (Receipt("C", "image"),)
+    assert again.receipt == RECEIPT_TEXT
 
 
 def test_a_turn_that_starts_without_allowance_is_offered_only_a_final_answer() -> None:
@@ -139,8 +140,8 @@ def test_a_turn_that_starts_without_allowance_is_offered_only_a_final_answer() -
     assert planner.next_generation() == "A"
     planner.handle(GenerationStarted("A"))
     clock.now = 11
-    update = planner.handle(GenerationFinished("A", "image", 10))
-    assert update.turn == TurnOffer("A", 0)
+    planner.handle(GenerationFinished("A", "image", 10))
+    assert planner.allowance("A") == 0
     assert planner.plan()[0].finish == 12  # this turn (11 + 1) is the last one
 
 
@@ -173,7 +174,7 @@ def test_fail_fast_when_even_the_shortest_time_is_late_and_keep_when_it_fits() -
     assert update.lowered == (PlanChange("B", 1, 0),)
     (fail,) = update.failed
     assert isinstance(fail, FailFast)
-    assert (fail.request_id, fail.cancel, fail.status) == ("C", "queued", 503)
+    assert fail.request_id == "C" and "its queued image generation" in fail.message
     assert "133.0 s after admission" in fail.message and "shortest image time" in fail.message
     assert "retry later" in fail.message and "cancelled" in fail.message
     plans = {p.request_id: p for p in planner.plan()}
@@ -186,10 +187,10 @@ def test_a_kept_generation_keeps_its_place_and_can_fit_again() -> None:
     planner, clock = _three_queued_images()
     measure(planner, image=40)
     clock.now = 11
-    update = planner.handle(GenerationFinished("A", "image", 10))
+    planner.handle(GenerationFinished("A", "image", 10))
     # Stage free at 11. A: turn to 12, [12,52] -> 53. B: [52,92] -> 93 <= 100 at the longest
     # time again (no longer kept); one more, [93,133], does not fit.
-    assert update.turn == TurnOffer("A", 1)
+    assert planner.allowance("A") == 1
     plans = {p.request_id: p for p in planner.plan()}
     assert not plans["B"].kept_at_shortest and plans["B"].finish == 93
     # Starting B now: [11,51]; A then [51,91] -> 92 <= 100, so the stage takes B.
@@ -207,8 +208,8 @@ def test_a_running_generation_that_cannot_finish_fails_fast() -> None:
     assert planner.handle(Tick()).failed == ()
     clock.now = 99.5  # now + R = 100.5 > 100 even at the shortest time
     (fail,) = planner.handle(Tick()).failed
-    assert (fail.request_id, fail.cancel) == ("A", "running")
-    assert planner.active == 0
+    assert fail.request_id == "A" and "its running image generation" in fail.message
+    assert planner.plan() == ()
 
 
 # --- giving generations back ----------------------------------------------------------------------
@@ -233,11 +234,10 @@ def test_a_lowered_request_gets_a_generation_back_when_later_ones_keep_theirs(
     # Stage free at 41. B with 1: [41,71] -> 72 <= 100. C behind it: [71,101] -> 102, which is
     # within C's deadline when C came at 10 (110) but not at 1 (101). B comes first: with C at
     # 10 the freed time goes to B, although C alone could have used it ([41,71] [72,102] -> 103).
+    assert update.lowered == () and update.failed == ()
     if b_gets_one_back:
-        assert update.raised == (PlanChange("B", 0, 1),)
         assert allowances(planner) == {"B": 1, "C": 1}
     else:
-        assert update.raised == ()
         assert allowances(planner) == {"B": 0, "C": 1}
     assert all(p.finish <= p.deadline for p in planner.plan())
 
@@ -250,13 +250,14 @@ def test_expired_measurements_raise_plans() -> None:
     clock.now = 99.5
     # Video longest is still 60 (taken at 0): 99.5 + 1 + 60 + 1 = 161.5 fits 199.5, a second
     # (+ 61 = 222.5) does not -> 1, which is also what an idle server gives.
-    assert admit(planner, "A").allowance == 1
-    assert planner.next_expiry() == 100  # the 60 s video and the 1 s turn leave at 100
-    clock.now = 100.25
+    assert admit(planner, "A") == 1
+    clock.now = 100  # the 60 s video and the 1 s turn, taken at 0, are still in the window
+    assert planner.handle(Tick()).lowered == () and planner.allowance("A") == 1
+    clock.now = 100.25  # now they have left it
     update = planner.handle(Tick())
     # G = 20 now (the 1 s turn stands in as the latest turn). A's turn ends at 100.5:
     # [100.5,120.5] -> 121.5, [121.5,141.5] -> 142.5 <= 199.5 -> 2.
-    assert update.raised == (PlanChange("A", 1, 2),) and not update.measured_longer
+    assert planner.allowance("A") == 2 and not update.measured_longer
     assert planner.times.longest_s["video"] == 20
 
 
@@ -269,7 +270,7 @@ def test_the_stage_serves_the_oldest_request_first_and_keeps_older_plans() -> No
     assert planner.next_generation() == "A"  # startup: nothing to check yet
     planner.handle(GenerationStarted("A"))
     clock.now = 5
-    assert admit(planner, "B").allowance == 2  # startup: A's video has run 4 s < 120 s
+    assert admit(planner, "B") == 2  # startup: A's video has run 4 s < 120 s
     clock.now = 6
     queue(planner, "B", "video")
     assert planner.next_generation() is None  # the stage is busy
@@ -277,7 +278,7 @@ def test_the_stage_serves_the_oldest_request_first_and_keeps_older_plans() -> No
     update = planner.handle(GenerationFinished("A", "video", 40))
     # First measurement: video 40, R 1. A (turn to 42): [42,82] -> 83 <= 120: keeps 1.
     # B's queued video [82,122] -> 123 <= 125; one more [123,163] does not fit: 1 -> 0.
-    assert update.turn == TurnOffer("A", 1) and update.lowered == (PlanChange("B", 1, 0),)
+    assert planner.allowance("A") == 1 and update.lowered == (PlanChange("B", 1, 0),)
     # Starting B's video now would hold the stage until 81: A's then [81,121] -> 122 > 120.
     # B waits for A's turn instead of pushing A past its deadline.
     assert planner.next_generation() is None
@@ -286,20 +287,19 @@ def test_the_stage_serves_the_oldest_request_first_and_keeps_older_plans() -> No
     assert planner.next_generation() == "A"  # queued later than B's, but A is older
     planner.handle(GenerationStarted("A"))
     clock.now = 82
-    assert planner.handle(GenerationFinished("A", "video", 40)).turn == TurnOffer("A", 0)
+    planner.handle(GenerationFinished("A", "video", 40))
+    assert planner.allowance("A") == 0
     # A's last turn needs no generation: B [82,122] -> 123 <= 125.
     assert planner.next_generation() == "B"
 
 
 # --- startup --------------------------------------------------------------------------------------
 def test_startup_admits_and_the_first_measurement_settles() -> None:
-    planner, _ = make(max_active=5)
+    planner, _ = make()
     measure(planner, reasoner=1)  # a turn measured; no generation yet
     for rid in "ABCDE":
-        a = admit(planner, rid)
-        assert (a.admitted, a.allowance) == (True, 2)
+        assert admit(planner, rid) == 2
     assert all(p.finish is None for p in planner.plan())
-    assert not admit(planner, "F").admitted  # max_active still applies
     update = measure(planner, image=10)
     # A -> 23, B -> 44, C -> 65, D -> 86 keep 2; E: [85,95] -> 96, [96,106] late -> 1.
     assert update is not None and update.measured_longer
@@ -314,11 +314,10 @@ def test_startup_refuses_once_the_first_generation_outlasts_timeout() -> None:
     queue(planner, "A", "image")
     planner.handle(GenerationStarted("A"))
     clock.now = 101  # running 100 s: not yet longer than timeout_s
-    assert admit(planner, "B").admitted
+    assert admit(planner, "B") == 2
     clock.now = 101.5
-    refused = admit(planner, "C")
-    assert not refused.admitted and "first generation" in refused.message
-    assert "retry later" in refused.message
+    message = refuse(planner, "C")
+    assert "first generation" in message and "retry later" in message
 
 
 # --- measurement window ---------------------------------------------------------------------------
@@ -396,23 +395,22 @@ def test_unknown_requests_still_measure_and_release_is_idempotent() -> None:
 
 
 def test_config_is_validated() -> None:
-    for bad in ({"timeout_s": 0}, {"max_generations": -1}, {"max_active": 0}):
+    for bad in ({"timeout_s": 0}, {"max_generations": -1}):
         with pytest.raises(ValueError):
             PlannerConfig(**bad)
 
 
 # --- receipt turns --------------------------------------------------------------------------------
 def test_turn_started_after_a_receipt_turn_keeps_the_plan() -> None:
-    from sglang_omni.pipeline.planner import TurnStarted
-
     planner, _ = make()
     measure(planner, reasoner=1, image=10)
     admit(planner, "A")
     # A's decision was answered by a receipt (a blank prompt): its next turn starts at once,
     # with the same allowance; a turn may not start while a generation is queued.
     planner.handle(TurnEnded("A", 1.0))
-    update = planner.handle(TurnStarted("A"))
-    assert update.turn == TurnOffer("A", 2)
+    planner.handle(TurnStarted("A"))
+    assert planner.allowance("A") == 2
+    assert planner.plan()[0].finish == 23  # the new turn is offered both generations
     planner.handle(TurnEnded("A", 1.0))
     planner.handle(GenerationQueued("A", "image"))
     with pytest.raises(ValueError):

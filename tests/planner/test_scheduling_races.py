@@ -97,7 +97,7 @@ async def scenario(seed: int, clients: int, sleeps: tuple[float, ...], timeout_s
         else:
             kind = result
         outcomes[kind] = outcomes.get(kind, 0) + 1
-    assert not sched.requests and sched.planner.active == 0
+    assert not sched.requests and sched.planner.plan() == ()
     assert sched.planner.next_generation() is None
     assert watch.generations > 0
     return outcomes

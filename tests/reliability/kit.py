@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import psutil
 
+from tests.kit import parse_sse
+from tests.kit import script as script  # shared; re-exported for the reliability tests
 from tests.server import Server
-from tests.umm.kit import parse_sse
 
 #: Every status a client may see (500 only in the JSON error shape).
 DOCUMENTED = {200, 400, 401, 404, 405, 408, 413, 415, 499, 500, 503}
@@ -30,11 +31,6 @@ SMALL = {"width": 32, "height": 32, "num_frames": 3}
 BODY_LIMIT = 2**20
 #: Seconds a stage process may take to exit after the server process did.
 ORPHAN_GRACE_S = 3.0
-
-
-def script(*entries: object, tail: str = " go") -> str:
-    """A prompt holding ``<omni-script>`` for the scripted Reasoner."""
-    return f"<omni-script>{json.dumps(list(entries))}</omni-script>{tail}"
 
 
 def error_shape_problem(body: Any) -> str | None:

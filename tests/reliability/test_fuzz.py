@@ -1,13 +1,12 @@
 """Hostile bodies for every route: 0 answers outside the documented statuses, every error in
 the JSON shape, and the server healthy and serving afterwards.
 
-Why hypothesis strategies rather than schemathesis for bodies: the routes parse their JSON by
-hand, so ``/openapi.json`` documents no request bodies and schemathesis could only send empty
-ones. The strategies below are built from the documented fields (``chat_request.py``,
-``generate_request.py``, ``generation_routes.py``) and mix valid values with hostile ones (integers
-past msgpack's range, lone surrogates, NaN, wrong types, huge sizes), so requests get past the
-first check and reach the stages. schemathesis still drives every route the schema lists, with
-its generated path parameters (``GET``/``DELETE /v1/videos/{video_id}``...).
+Two sources of bodies: schemathesis drives every operation ``/openapi.json`` lists with bodies
+generated from its request schemas (``serve/schemas``) and its path parameters (``GET``/``DELETE
+/v1/videos/{video_id}``...); the hypothesis strategies below, built from the same fields, mix
+valid values with hostile ones a schema does not describe (integers past msgpack's range, lone
+surrogates, NaN, wrong types, huge sizes), so requests get past the first check and reach the
+stages.
 
 Every example is recorded rather than asserted at once (no shrinking), so a failure lists all
 bad answers; examples are fixed by ``derandomize`` and bounded by count and by a time budget.
@@ -333,8 +332,8 @@ def test_video_jobs_survive_hostile_bodies(direct: TrackedServer) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("which", ["umm", "chat", "direct"])
 def test_every_route_of_the_openapi_schema(which: str, request: pytest.FixtureRequest) -> None:
-    """schemathesis drives every operation ``/openapi.json`` lists (path parameters, methods;
-    bodies are undocumented, so they are empty), 30 cases each."""
+    """schemathesis drives every operation ``/openapi.json`` lists (bodies from the request
+    schemas, path parameters, methods), 30 cases each."""
     server: TrackedServer = request.getfixturevalue(which)
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     rec = Recorder(server, "")

@@ -9,14 +9,10 @@ import pytest
 
 from sglang_omni.client import Client, OmniClientError
 from sglang_omni.client.types import UMMCompletionResult, UMMGenerateChunk
-from tests.kit import metric
+from tests.kit import metric, script, wait_until
 from tests.server import SCRIPTED_UMM, Server
 
 SMALL = {"generation": {"width": 32, "height": 32, "num_frames": 5}}
-
-
-def script(*entries: object) -> str:
-    return f"<omni-script>{json.dumps(list(entries))}</omni-script> go"
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +88,5 @@ def test_closing_iterator_early_aborts_generation(server: Server) -> None:
         assert first.segment.kind == "image"
         time.sleep(0.3)  # the second generation is running now
         chunks.close()
-        deadline = time.monotonic() + 5
-        while metric(server, "generation", "aborted") < before + 1 and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: metric(server, "generation", "aborted") >= before + 1, timeout=5)
     assert metric(server, "generation", "aborted") == before + 1

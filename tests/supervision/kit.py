@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import psutil
 
+from tests.kit import metric, wait_until
 from tests.server import Server
 
 HTTP = httpx.Client(timeout=30)
@@ -61,27 +62,24 @@ def health(server: Server) -> httpx.Response:
 
 def wait_health(server: Server, status: str, timeout: float = BACK_WITHIN_S) -> dict:
     """Poll /health until its status is ``status``; the body."""
-    deadline = time.monotonic() + timeout
-    body: dict = {}
-    while time.monotonic() < deadline:
-        body = health(server).json()
-        if body["status"] == status:
-            return body
-        time.sleep(0.02)
-    raise AssertionError(f"/health never said {status!r}; last: {body}")
+    last: dict = {}
+
+    def reached() -> bool:
+        last.clear()
+        last.update(health(server).json())
+        return last["status"] == status
+
+    if wait_until(reached, timeout, poll=0.02):
+        return last
+    raise AssertionError(f"/health never said {status!r}; last: {last}")
 
 
 def wait_jobs(server: Server, stage: str, submitted: int, timeout: float = 10) -> None:
     """Wait until the stage has been sent ``submitted`` jobs (the request is in flight)."""
-    needle = f'sgl_omni_stage_jobs_total{{outcome="submitted",stage="{stage}"}} '
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in HTTP.get(f"{server.url}/metrics").text.splitlines():
-            if line.startswith(needle) and float(line[len(needle):]) >= submitted:
-                time.sleep(0.2)  # let the stage start the job
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"{stage} never got {submitted} job(s)")
+    if not wait_until(lambda: metric(server, stage, "submitted", default=0) >= submitted,
+                      timeout, poll=0.02):
+        raise AssertionError(f"{stage} never got {submitted} job(s)")
+    time.sleep(0.2)  # let the stage start the job
 
 
 def restarts(server: Server, stage: str) -> float:
@@ -104,11 +102,9 @@ def process_tree(server: Server) -> set[int]:
 
 def assert_gone(pids: set[int]) -> None:
     """Every process of ``pids`` has exited (none left running or stopped)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"orphan processes left: {alive}")
+    def alive() -> list[int]:
+        return [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    if not wait_until(lambda: not alive(), timeout=10):
+        raise AssertionError(f"orphan processes left: {alive()}")

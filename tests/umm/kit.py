@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
-from PIL import Image
 
-from tests.kit import metric as metric  # shared; re-exported for the umm tests
+from tests.kit import job_counts
+from tests.kit import metric as metric  # shared helpers, re-exported for the umm tests
+from tests.kit import parse_sse as parse_sse
+from tests.kit import png_size as png_size
+from tests.kit import script as script
 from tests.kit import wait_for as wait_for
 from tests.server import SCRIPTED_UMM, Server
 
@@ -22,11 +23,6 @@ from tests.server import SCRIPTED_UMM, Server
 # see the report on synth_media.encode_mp4), so tests comparing bytes across requests use it.
 STABLE = {"width": 128, "height": 96}
 SMALL = {"width": 32, "height": 32, "num_frames": 3}
-
-
-def script(*entries: object, tail: str = " go") -> str:
-    """A prompt holding ``<omni-script>`` for the scripted Reasoner."""
-    return f"<omni-script>{json.dumps(list(entries))}</omni-script>{tail}"
 
 
 def image(prompt: str, **extra: object) -> dict[str, Any]:
@@ -43,16 +39,11 @@ def final(text: str, **extra: object) -> dict[str, Any]:
 
 # One client for the whole run: building an httpx client costs about 80 ms (its SSL context).
 HTTP = httpx.Client(timeout=60)
-JOBS_RE = re.compile(r'^sgl_omni_stage_jobs_total\{outcome="(\w+)",stage="(\w+)"\} (\S+)$')
 
 
 def counts(server: Server) -> dict[tuple[str, str], float]:
-    """Every stage job counter of ``/metrics``, by (stage, outcome)."""
-    out = {}
-    for line in HTTP.get(f"{server.url}/metrics", timeout=5).text.splitlines():
-        match = JOBS_RE.match(line)
-        if match:
-            out[match[2], match[1]] = float(match[3])
+    """Every stage job counter of ``/metrics``, by (stage, outcome); asserts there is one."""
+    out = job_counts(server)
     assert out, "no sgl_omni_stage_jobs_total in /metrics"
     return out
 
@@ -63,27 +54,7 @@ def umm_server(*flags: str) -> Iterator[Server]:
         yield server
 
 
-# --- SSE ----------------------------------------------------------------------------------------
-def parse_sse(raw: str) -> list[tuple[str, Any]]:
-    """(event, data) pairs, splitting only at CR/LF as the SSE format does; data is decoded JSON,
-    or the string ``[DONE]``; comments are skipped."""
-    out = []
-    for block in raw.replace("\r\n", "\n").split("\n\n"):
-        if not block.strip():
-            continue
-        event, data = "message", []
-        for line in block.split("\n"):
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-        if not data:  # a comment-only block (": keep-alive")
-            continue
-        text = "\n".join(data)
-        out.append((event, text if text == "[DONE]" else json.loads(text)))
-    return out
-
-
+# --- requests -------------------------------------------------------------------------------------
 def stream_generate(server: Server, body: dict[str, Any],
                     timeout: float = 60) -> tuple[int, list[tuple[str, Any]]]:
     with HTTP.stream("POST", f"{server.url}/generate", json={**body, "stream": True},
@@ -125,12 +96,6 @@ def media_bytes(segment: dict[str, Any]) -> bytes:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    with Image.open(io.BytesIO(data)) as img:
-        assert img.format == "PNG"
-        return img.size
 
 
 def png_data_url(data: bytes) -> str:

@@ -2,7 +2,7 @@
 
 The toy adapter of docs/umm-controller.md never reads ``planned_generations``: it dispatches its
 generation whatever the plan allows. When the plan has dropped the request's allowance to 0, the
-generation is not run: it comes back to the adapter as a receipt (``DispatchResult.receipt``),
+generation is not run: it comes back to the adapter as a receipt (``StageResult.receipt``),
 and the request ends, instead of waiting forever for a stage the plan will never give it.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_omni.config import load_config
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import ServerError
 from sglang_omni.models.cosmos3 import decision, prompts
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
@@ -23,13 +24,12 @@ from sglang_omni.pipeline.umm import (
     Budget,
     Complete,
     Dispatch,
-    DispatchResult,
     Segment,
     Step,
     UMMController,
     UMMRequest,
 )
-from tests.umm_contract.test_toy_adapter import toy_adapter
+from tests.umm_contract.test_toy_adapter import toy_adapter, without_reasoner_adapter
 
 CONFIG = Path(__file__).parents[2] / "configs" / "cpu-scripted.yaml"
 PaintThenDescribe = toy_adapter()
@@ -38,19 +38,19 @@ PaintThenDescribe = toy_adapter()
 class PaintOrHearWhy(PaintThenDescribe):  # type: ignore[misc, valid-type]
     """The documented toy, plus what an adapter does with a receipt: tell the Reasoner."""
 
-    def advance(self, result: DispatchResult, budget: Budget) -> Step:
+    def advance(self, result: StageResult, budget: Budget) -> Step:
         if result.receipt is not None:
             assert result.payload == {} and result.frames == []
             return Step(dispatch=Dispatch("reasoner", {
                 "messages": [{"role": "user", "content": result.receipt}], "sampling": {},
-                "turn_index": 0, "umm_adapter": None}))
+                "turn_index": 0}))
         return super().advance(result, budget)
 
 
 class AlwaysPaint(PaintThenDescribe):  # type: ignore[misc, valid-type]
     """Ignores receipts too: asks for another generation after every answer."""
 
-    def advance(self, result: DispatchResult, budget: Budget) -> Step:
+    def advance(self, result: StageResult, budget: Budget) -> Step:
         return self.start(self.request, budget)
 
     def start(self, request: UMMRequest, budget: Budget) -> Step:
@@ -64,6 +64,7 @@ async def run_with_plan_at_zero(adapter: type) -> tuple[list[Segment | Complete]
     """Admit a request through the orchestrator, measure times at which no generation fits
     before its deadline (its allowance drops to 0), then drive it."""
     orchestrator = Orchestrator(load_config(CONFIG, visible_gpus=0))
+    without_reasoner_adapter(orchestrator.stages)  # the toy's Reasoner turns are plain text
     await orchestrator.start()
     try:
         orchestrator.controller = UMMController(
@@ -104,10 +105,11 @@ def test_the_cosmos3_adapter_turns_a_receipt_into_a_final_answer_turn() -> None:
     adapter = Cosmos3UMMAdapter()
     adapter.start(UMMRequest(rid="c1", messages=[{"role": "user", "content": "a cube"}]),
                   Budget(17, 8, 8))
-    step = adapter.advance(DispatchResult("reasoner", {
-        "text": decision.render({"action": "image", "prompt": "a cube"})}, []), Budget(16, 8, 8))
+    step = adapter.advance(StageResult({
+        "text": decision.render({"action": "image", "prompt": "a cube"})}, [], stage="reasoner"),
+        Budget(16, 8, 8))
     assert step.dispatch is not None and step.dispatch.stage == "generation"
-    step = adapter.advance(DispatchResult("generation", {}, [], receipt=RECEIPT_TEXT),
+    step = adapter.advance(StageResult({}, [], stage="generation", receipt=RECEIPT_TEXT),
                            Budget(15, 7, 0))
     assert step.outputs == () and step.dispatch is not None
     assert step.dispatch.stage == "reasoner"

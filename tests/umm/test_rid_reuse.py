@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.kit import error_message as error_of  # the message of the JSON error answer
 from tests.server import SCRIPTED_CHAT, Server
 from tests.umm.kit import HTTP, final, image, post_chat, post_generate, script, umm_server
 
@@ -21,11 +22,6 @@ def server():
     with umm_server("--generation.factory.step_time_s", "0.1",
                     "--orchestrator.factory.max_active", "1") as srv:
         yield srv
-
-
-def error_of(resp) -> str:
-    assert resp.headers["content-type"].startswith("application/json"), resp.text
-    return resp.json()["error"]["message"]
 
 
 def test_a_503_retried_with_the_same_rid_is_accepted(server: Server) -> None:

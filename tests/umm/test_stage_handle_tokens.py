@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from sglang_omni.engines.base import EngineSpec
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import StageCallError
 from sglang_omni.runtime.stage_handle import StageHandle
-from sglang_omni.runtime.stage_result import StageResult
 
 
 def handle() -> StageHandle:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sglang_omni.config import load_config
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.pipeline.stages import StageSet
-from sglang_omni.pipeline.umm import Complete, DispatchResult, Limits, Segment, UMMController
+from sglang_omni.pipeline.umm import Complete, Limits, Segment, UMMController
 from sglang_omni.pipeline.umm import UMMRequest as Request
 
 DOC = Path(__file__).parents[2] / "docs" / "umm-controller.md"
@@ -28,13 +30,20 @@ def toy_adapter() -> type:
     return namespace["PaintThenDescribe"]
 
 
+def without_reasoner_adapter(stages: StageSet) -> StageSet:
+    """Start the Reasoner stage with no UMM adapter (a start-up fact of its spec): the toy's
+    Reasoner turn is a plain question, answered as text."""
+    reasoner = stages["reasoner"]
+    reasoner.spec = replace(reasoner.spec, umm_adapter=None)
+    return stages
+
+
 async def run_toy(messages: list[dict[str, Any]]) -> list[Segment | Complete]:
-    stages = StageSet(load_config(CONFIG, visible_gpus=0))
+    stages = without_reasoner_adapter(StageSet(load_config(CONFIG, visible_gpus=0)))
     await stages.start()
     try:
-        async def call(stage: str, rid: str, payload: dict, frames: list) -> DispatchResult:
-            result = await stages[stage].call(rid, payload, frames)
-            return DispatchResult(stage, result.payload, result.frames)
+        async def call(stage: str, rid: str, payload: dict, frames: list) -> StageResult:
+            return await stages[stage].call(rid, payload, frames)
 
         controller = UMMController(toy_adapter(), Limits(), call)
         run = controller.open(Request(rid="toy-1", messages=messages))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
 
 import httpx
+
+from tests.kit import error_of as error_of  # shared; re-exported for the wire tests
 
 # No keep-alive: the test servers close idle connections after a second.
 HTTP = httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0))
@@ -18,15 +19,6 @@ def post_raw(url: str, body: bytes, headers: dict[str, str] | None = None,
              timeout: float = 10) -> httpx.Response:
     """POST ``body`` as given (so it may hold what json.dumps would not write)."""
     return HTTP.post(url, content=body, headers={**JSON, **(headers or {})}, timeout=timeout)
-
-
-def error_of(resp: httpx.Response) -> dict[str, Any]:
-    """The ``error`` object of a JSON error answer (asserting the documented shape)."""
-    assert resp.headers["content-type"].startswith("application/json"), resp.text[:200]
-    error = resp.json()["error"]
-    assert set(error) == {"message", "type", "code"}, error
-    assert error["code"] == resp.status_code
-    return error
 
 
 def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:

@@ -8,11 +8,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.pipeline.umm import Complete, Segment
-from sglang_omni.runtime.stage_result import StageResult
-from sglang_omni.serve.app import _text_chat_sse
 from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.chat_routes import _text_chat_sse
 from sglang_omni.serve.sse import SSE_DONE, SSE_KEEPALIVE, with_keepalive
 from sglang_omni.serve.umm_wire import chat_sse, generate_sse
 from tests.umm_contract.test_toy_adapter import toy_adapter

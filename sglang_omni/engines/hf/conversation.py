@@ -15,8 +15,7 @@ from typing import Any
 from sglang_omni.engines.base import Job
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
-
-PART_KINDS = {"image_url": "image", "video_url": "video"}
+from sglang_omni.media.content_parts import ContentPart, message_parts
 
 
 @dataclass
@@ -36,8 +35,6 @@ class Conversation:
 
 async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
     """The job's messages with every media part read and decoded (BadRequest on bad media)."""
-    import anyio
-
     conversation = Conversation([])
     with RequestMediaDir() as workdir:
         for i, message in enumerate(job.payload.get("messages") or []):
@@ -49,28 +46,32 @@ async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
                                               "content": "" if content is None else str(content)})
                 continue
             parts: list[dict[str, Any]] = []
-            for j, part in enumerate(content):
-                kind = PART_KINDS.get(part.get("type", "")) if isinstance(part, dict) else None
-                if kind is None:
-                    if isinstance(part, dict) and part.get("type") == "text":
-                        parts.append({"type": "text", "text": str(part.get("text", ""))})
-                    continue
-                label = f"messages[{i}].content[{j}].{part['type']}"
-                ref = part[part["type"]]
-                url = ref.get("url", "") if isinstance(ref, dict) else str(ref)
-                data = job.frame_for(url)
-                if data is None:
-                    data = await load_bytes(url, policy, workdir, label=label)
-                if kind == "image":
-                    conversation.images.append(await anyio.to_thread.run_sync(
-                        decode_image, bytes(data), label))
-                else:
-                    conversation.videos.append(await anyio.to_thread.run_sync(
-                        decode_video, bytes(data), label))
-                parts.append({"type": kind})
+            for part in message_parts(i, content):
+                if part.kind == "text":
+                    parts.append({"type": "text", "text": part.text})
+                elif part.kind in ("image", "video"):
+                    await _read_media(job, part, policy, workdir, conversation)
+                    parts.append({"type": part.kind})
             conversation.messages.append({"role": message.get("role", "user"),
                                           "content": parts})
     return conversation
+
+
+async def _read_media(job: Job, part: ContentPart, policy: MediaPolicy,
+                      workdir: RequestMediaDir, conversation: Conversation) -> None:
+    """Read and decode an image or video part into ``conversation``."""
+    import anyio
+
+    url, label = part.url or "", part.label
+    data = job.frame_for(url)
+    if data is None:
+        data = await load_bytes(url, policy, workdir, label=label)
+    if part.kind == "image":
+        conversation.images.append(await anyio.to_thread.run_sync(
+            decode_image, bytes(data), label))
+    else:
+        conversation.videos.append(await anyio.to_thread.run_sync(
+            decode_video, bytes(data), label))
 
 
 def decode_image(data: bytes, label: str = "image") -> Any:

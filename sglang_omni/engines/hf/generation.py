@@ -19,11 +19,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
+    DEFAULT_SEED,
+    DEFAULT_SIZE,
     DEFAULT_VIDEO_FRAMES,
     check_generation_options,
 )
@@ -38,6 +40,8 @@ from sglang_omni.engines.hf.common import (
     torch_dtype,
 )
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
+from sglang_omni.engines.payloads import GenerationPayload, MediaResult
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import encode_mp4, encode_png
@@ -45,8 +49,6 @@ from sglang_omni.media.settings import policy_from_spec
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}}
 SIZE_MULTIPLE = 16
-DEFAULT_SIZE = 640
-DEFAULT_SEED = 0
 
 
 @dataclass
@@ -100,8 +102,8 @@ class HFGenerator(ThreadedModelEngine):
                  self.spec.model_path, self.device, dtype, time.perf_counter() - started,
                  "yes" if self.has_sound else "no", "on" if guardrails else "off")
 
-    async def run(self, job: Job) -> JobResult:
-        payload = job.payload
+    async def run(self, job: Job) -> StageResult:
+        payload = cast(GenerationPayload, job.payload)
         modality = payload.get("modality", "image")
         if modality == "action":
             raise BadRequest("the hf backend does not serve the action route; use the native "
@@ -114,11 +116,11 @@ class HFGenerator(ThreadedModelEngine):
         outcome = await self.thread.call(self._denoise, job, call)
         if isinstance(outcome, str):
             log.warning("request %s: generation produced no media: %s", job.rid, outcome)
-            return JobResult({"media": [], "reason": outcome})
+            return StageResult(MediaResult(media=[], reason=outcome))
         data, mime = await _to_thread(_encode, modality, outcome, call.fps,
                                       self._sample_rate() if outcome[1] is not None else None)
-        return JobResult({"media": [{"kind": modality, "mime_type": mime, "frame": 0}],
-                          "reason": None}, [data])
+        return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
+                                       reason=None), [data])
 
     # --- request checks ------------------------------------------------------------------------
     def _plan(self, modality: str, prompt: str, options: dict[str, Any]) -> Call:

@@ -14,9 +14,9 @@ GPU), ``max_new_tokens`` (plain replies when the client sets no length, 1024) an
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
-from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -33,6 +33,8 @@ from sglang_omni.engines.hf.constrained import (
     schema_of,
 )
 from sglang_omni.engines.hf.conversation import Conversation, read_conversation
+from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.settings import policy_from_spec
 
@@ -85,8 +87,8 @@ class HFReasoner(ThreadedModelEngine):
             self._vocab = Vocabulary(self.tokenizer, self.vocab_size, self.eos_ids)
         return self._vocab
 
-    async def run(self, job: Job) -> JobResult:
-        payload = job.payload
+    async def run(self, job: Job) -> StageResult:
+        payload = cast(ReasonerPayload, job.payload)
         schema = schema_of(payload.get("response_format"))
         settings = self._settings(payload.get("sampling") or {},
                                   payload.get("stage_params") or {}, schema is not None)
@@ -144,7 +146,7 @@ class HFReasoner(ThreadedModelEngine):
         return out
 
     def _generate(self, job: Job, conversation: Conversation, schema: dict[str, Any] | None,
-                  settings: dict[str, Any]) -> JobResult:
+                  settings: dict[str, Any]) -> StageResult:
         import torch
         from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -222,14 +224,14 @@ class HFReasoner(ThreadedModelEngine):
         finish = "stop" if ended or len(new) < max_new else "length"
         if constraint is not None and not constraint.complete(ids):
             finish = "length"
-        result: dict[str, Any] = {
+        result: ReasonerResult = {
             "text": text, "finish_reason": finish,
             "usage": {"prompt_tokens": prompt_len, "completion_tokens": len(new),
                       "total_tokens": prompt_len + len(new)},
         }
         if logits is not None:
             result["logprobs"] = self._logprobs(new, logits, settings["top_logprobs"])
-        return JobResult(result)
+        return StageResult(result)
 
     def _logprobs(self, new: list[int], logits: Any, top: int) -> dict[str, Any]:
         """OpenAI chat ``logprobs``: each generated token's log probability under the model's

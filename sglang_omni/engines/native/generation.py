@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.generation_options import DEFAULT_FPS, OPTIONS
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.native.cancellation_plugin import request_cancel
@@ -54,6 +54,8 @@ from sglang_omni.engines.native.generation_driver import (
     WorkerProcess,
     load_driver,
 )
+from sglang_omni.engines.payloads import ActionResult, GenerationPayload, MediaResult
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir, materialize
 from sglang_omni.media.action_refs import action_media_refs, replace_action_media
@@ -216,8 +218,8 @@ class NativeGenerator:
                               "the server needs a restart")
 
     # --- requests ----------------------------------------------------------------------------
-    async def run(self, job: Job) -> JobResult:
-        payload = job.payload
+    async def run(self, job: Job) -> StageResult:
+        payload = cast(GenerationPayload, job.payload)
         modality = payload.get("modality")
         if modality not in MODALITIES:
             raise BadRequest(f"generation modality must be one of {', '.join(MODALITIES)}, got "
@@ -316,17 +318,17 @@ class NativeGenerator:
                  time.monotonic() - started)
 
     async def _deliver(self, job: Job, modality: str, outcome: Any,
-                       folder: Path) -> JobResult:
+                       folder: Path) -> StageResult:
         if modality == "action":
-            return JobResult({"action": outcome})
+            return StageResult(ActionResult(action=outcome))
         assert isinstance(outcome, NativeOutput)
         if outcome.path is None:
             log.warning("request %s: native SGLang ended the %s generation without media: %s",
                         job.rid, modality, outcome.reason)
-            return JobResult({"media": [], "reason": f"native SGLang: {outcome.reason}"})
+            return StageResult(MediaResult(media=[], reason=f"native SGLang: {outcome.reason}"))
         data, mime = await asyncio.to_thread(read_generated, outcome.path, folder, modality)
-        return JobResult({"media": [{"kind": modality, "mime_type": mime, "frame": 0}],
-                          "reason": None}, [data])
+        return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
+                                       reason=None), [data])
 
 
 def _on_thread(work: Callable[[], Any]) -> asyncio.Future:

@@ -29,7 +29,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pydantic
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
@@ -37,7 +37,7 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import ServerStatus
 
-from sglang_omni.engines.base import EngineSpec, Job, JobResult
+from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, process_probe
 from sglang_omni.engines.native.reasoner_request import (
     StreamReader,
@@ -48,6 +48,8 @@ from sglang_omni.engines.native.reasoner_request import (
     refusal_from_error_body,
 )
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
+from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir
 from sglang_omni.media.settings import policy_from_spec
@@ -166,27 +168,28 @@ class NativeReasoner:
                 pass
 
     # --- requests -------------------------------------------------------------------------------
-    async def run(self, job: Job) -> JobResult:
+    async def run(self, job: Job) -> StageResult:
         assert self.chat is not None, "start() first"
+        payload = cast(ReasonerPayload, job.payload)
         native_rid = new_native_rid()
         log.debug("request %s runs as native request %s", job.rid, native_rid)
         with RequestMediaDir() as workdir:
-            messages = await localize_media(job.payload.get("messages") or [], job.frames,
+            messages = await localize_media(payload.get("messages") or [], job.frames,
                                             self.policy, workdir)
-            fields = chat_request_fields(job.payload, messages, native_rid, self.known_fields,
+            fields = chat_request_fields(payload, messages, native_rid, self.known_fields,
                                          self.spec.stage)
             try:
                 request = ChatCompletionRequest.model_validate(fields)
             except pydantic.ValidationError as exc:
                 raise BadRequest(_validation_message(exc, self.spec.stage)) from None
             try:
-                return JobResult(await self._complete(request, job))
+                return StageResult(await self._complete(request, job))
             except BaseException:
                 # Cancelled (client gone, stream closed) or failed: stop native work now.
                 self.engine.tokenizer_manager.abort_request(native_rid)
                 raise
 
-    async def _complete(self, request: ChatCompletionRequest, job: Job) -> dict[str, Any]:
+    async def _complete(self, request: ChatCompletionRequest, job: Job) -> ReasonerResult:
         assert self.chat is not None, "start() first"
         response = await self.chat.handle_request(request, None)
         body_iterator = getattr(response, "body_iterator", None)

@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.engines.base import FRAME_SCHEME, OMNI_OWNED_FIELDS
+from sglang_omni.engines.payloads import (
+    REASONER_OPTION_FIELDS,
+    ReasonerPayload,
+    ReasonerResult,
+    Usage,
+)
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
+from sglang_omni.media.content_parts import message_parts
 from sglang_omni.media.types import sniff_mime
 
-MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url")
-OPTION_FIELDS = ("logprobs", "top_logprobs")
+MEDIA_KINDS = ("image", "video", "audio")
 
 
 def new_native_rid() -> str:
@@ -70,25 +76,24 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
             out.append(dict(message))
             continue
         parts = []
-        for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in MEDIA_PART_TYPES:
-                parts.append(part)
+        for part in message_parts(i, content):
+            if part.kind not in MEDIA_KINDS:
+                parts.append(part.part)
                 continue
-            ref = part.get(kind)
+            ref = part.ref
             body = dict(ref) if isinstance(ref, dict) else {"url": ref}
-            url = body.get("url")
-            label = f"messages[{i}].content[{j}].{kind}"
-            if not isinstance(url, str) or not url:
-                raise BadRequest(f"{label}: expected {{\"url\": \"...\"}} with a non-empty url")
-            body["url"] = await _native_ref(url, frames, policy, workdir, label)
-            parts.append({**part, kind: body})
+            url = part.url
+            if not url:
+                raise BadRequest(f"{part.label}: expected {{\"url\": \"...\"}} with a non-empty "
+                                 "url")
+            body["url"] = await _native_ref(url, frames, policy, workdir, part.label)
+            parts.append({**part.part, part.type: body})
         out.append({**message, "content": parts})
     return out
 
 
 # --- request fields ---------------------------------------------------------------------------
-def chat_request_fields(payload: dict[str, Any], messages: list[dict[str, Any]],
+def chat_request_fields(payload: ReasonerPayload, messages: list[dict[str, Any]],
                         native_rid: str, known_fields: Collection[str],
                         stage: str = "reasoner") -> dict[str, Any]:
     """The native ChatCompletionRequest fields for a Reasoner payload.
@@ -104,7 +109,8 @@ def chat_request_fields(payload: dict[str, Any], messages: list[dict[str, Any]],
         if name not in known_fields:
             raise BadRequest(f"stage_params.{stage}.{name}: not a native chat request field "
                              "of the pinned SGLang release")
-    options = {k: v for k, v in (payload.get("options") or {}).items() if k in OPTION_FIELDS}
+    options = {k: v for k, v in (payload.get("options") or {}).items()
+               if k in REASONER_OPTION_FIELDS}
     fields: dict[str, Any] = {**dict(payload.get("sampling") or {}), **options, **stage_params}
     if payload.get("response_format") is not None:
         fields["response_format"] = payload["response_format"]
@@ -126,13 +132,13 @@ def refusal_from_error_body(status: int, body: Any) -> NativeRefusal:
     return NativeRefusal(f"native SGLang: {message or 'request failed'}", status)
 
 
-def completion_result(body: dict[str, Any]) -> dict[str, Any]:
+def completion_result(body: dict[str, Any]) -> ReasonerResult:
     """The stage result payload of a native (non-streaming) chat completion body."""
     choices = body.get("choices") or []
     if not choices:
         raise NativeRefusal("native SGLang returned no choice", ServerError.status)
     choice = choices[0]
-    result = {
+    result: ReasonerResult = {
         "text": (choice.get("message") or {}).get("content") or "",
         "finish_reason": choice.get("finish_reason") or "stop",
         "usage": _usage(body.get("usage")),
@@ -142,11 +148,12 @@ def completion_result(body: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _usage(usage: Any) -> dict[str, int] | None:
+def _usage(usage: Any) -> Usage | None:
     if not isinstance(usage, dict):
         return None
-    return {k: int(usage.get(k) or 0)
-            for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    return Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                 completion_tokens=int(usage.get("completion_tokens") or 0),
+                 total_tokens=int(usage.get("total_tokens") or 0))
 
 
 @dataclass
@@ -157,7 +164,7 @@ class StreamReader:
     emit: Callable[[dict[str, Any]], None]
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
-    usage: dict[str, int] | None = None
+    usage: Usage | None = None
     done: bool = False
     started: bool = False
 
@@ -190,7 +197,7 @@ class StreamReader:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> ReasonerResult:
         if not self.done:
             raise NativeRefusal("the native stream ended without [DONE]", ServerError.status)
         return {"text": "".join(self.text), "finish_reason": self.finish_reason or "stop",

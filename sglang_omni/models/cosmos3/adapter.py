@@ -12,7 +12,10 @@ from sglang_omni.engines.generation_options import (
     check_generation_options,
     modalities_for,
 )
+from sglang_omni.engines.payloads import GenerationPayload, ReasonerPayload
+from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, ServerError
+from sglang_omni.media.content_parts import text_of
 from sglang_omni.models.cosmos3 import decision, prompts
 from sglang_omni.pipeline.chat_request import (
     LENGTH_STOP_FIELDS,
@@ -26,13 +29,11 @@ from sglang_omni.pipeline.umm import (
     VIDEO,
     Budget,
     Dispatch,
-    DispatchResult,
     Output,
     Step,
     UMMRequest,
 )
 
-ADAPTER_PATH = "sglang_omni.models.cosmos3.adapter:Cosmos3UMMAdapter"
 #: Length and stop settings, under both names, which decisions skip (pipeline.chat_request).
 LENGTH_STOP_KEYS = LENGTH_STOP_FIELDS + NATIVE_LENGTH_STOP_FIELDS
 REFUSED_REASONER_PARAMS = ("response_format", "json_schema", "regex", "ebnf", "tools",
@@ -95,7 +96,7 @@ class Cosmos3UMMAdapter:
         self.sampling, self.native_fields = decision_sampling(request)
         return Step(dispatch=self._reasoner_turn(budget))
 
-    def advance(self, result: DispatchResult, budget: Budget) -> Step:
+    def advance(self, result: StageResult, budget: Budget) -> Step:
         if result.stage == "generation":
             return self._after_generation(result, budget)
         return self._after_decision(result, budget)
@@ -110,7 +111,7 @@ class Cosmos3UMMAdapter:
         self.turns.clear()
 
     # --- turns -------------------------------------------------------------------------------
-    def _after_decision(self, result: DispatchResult, budget: Budget) -> Step:
+    def _after_decision(self, result: StageResult, budget: Budget) -> Step:
         usage = result.payload.get("usage") or {}
         self.prompt_tokens += int(usage.get("prompt_tokens", 0))
         self.completion_tokens += int(usage.get("completion_tokens", 0))
@@ -131,9 +132,9 @@ class Cosmos3UMMAdapter:
             options.setdefault("num_frames", DEFAULT_VIDEO_FRAMES)
         else:
             options.pop("num_frames", None)
-        return Step(dispatch=Dispatch("generation", {
-            "modality": made.action, "prompt": made.text, "options": options}, [],
-            modality=made.action))
+        payload: GenerationPayload = {"modality": made.action, "prompt": made.text,
+                                      "options": options}
+        return Step(dispatch=Dispatch("generation", payload, [], modality=made.action))
 
     def _receipt_for(self, made: decision.Decision, budget: Budget) -> str | None:
         if not made.text.strip():
@@ -147,7 +148,7 @@ class Cosmos3UMMAdapter:
             return prompts.NO_TIME_LEFT.format(kind=made.action)
         return None
 
-    def _after_generation(self, result: DispatchResult, budget: Budget) -> Step:
+    def _after_generation(self, result: StageResult, budget: Budget) -> Step:
         made = self.pending
         if made is None:
             raise ServerError("a generation result arrived with no generation pending")
@@ -174,20 +175,18 @@ class Cosmos3UMMAdapter:
         guide = prompts.instructions(generations_left, modalities)
         if messages and messages[0].get("role") == "system":
             first = messages[0]
-            text = first["content"] if isinstance(first["content"], str) else " ".join(
-                p.get("text", "") for p in first["content"] if p.get("type") == "text")
+            text = text_of(first["content"], sep=" ")
             messages[0] = {"role": "system", "content": f"{guide}\n\n{text}"}
         else:
             messages.insert(0, {"role": "system", "content": guide})
         messages.extend(copy.deepcopy(self.turns))
         self.reasoner_turns += 1
-        payload = {
+        payload: ReasonerPayload = {
             "messages": messages,
             "sampling": dict(self.sampling),
             "stage_params": dict(self.native_fields),
             "response_format": decision.response_format(modalities),
             "stream": False,
             "turn_index": self.reasoner_turns - 1,
-            "umm_adapter": ADAPTER_PATH,
         }
         return Dispatch("reasoner", payload, list(self.frames))

@@ -10,9 +10,10 @@ The shapes are those of the pinned SGLang release's own routes, with JSON bodies
   is still queued or running (native SGLang cannot abort here).
 * ``POST /v1/actions/generations``: the native action route's body and response.
 
-Omni keeps no files: images come back as ``b64_json`` only, and a finished video is held in
-memory until it is deleted or :data:`VIDEO_RETENTION_S` passes (at most :data:`MAX_VIDEO_JOBS`
-jobs are held). The generation stage reads ``image_path``/``video_path`` and action media
+Bodies are the typed models of :mod:`sglang_omni.serve.schemas.direct`. Omni keeps no files:
+images come back as ``b64_json`` only, and videos are held by
+:class:`~sglang_omni.serve.video_jobs.VideoJobs`. The generation stage reads
+``image_path``/``video_path`` and action media
 under the media policy, which is checked here first (400 before any model work), as are the
 server's generation limits (``models.cosmos3.generation_limits``) and the action route's field
 types (``models.cosmos3.action_request``). Engine exception text never reaches a client: an
@@ -21,20 +22,18 @@ unexpected failure answers the generic 500 and is logged.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.engines.generation_options import DEFAULT_FPS, check_option_value
-from sglang_omni.errors import BadRequest, NotFound, OmniError, ServerError, ServiceUnavailable
+from sglang_omni.engines.result import StageResult
+from sglang_omni.errors import BadRequest, NotFound, ServerError
 from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.refs import check_generation_options, check_media_refs
 from sglang_omni.models.cosmos3.action_request import action_options, check_action_request
@@ -45,24 +44,34 @@ from sglang_omni.models.cosmos3.generation_limits import (
 )
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
-from sglang_omni.runtime.stage_result import StageResult
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
-from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST, GENERIC_500
-from sglang_omni.serve.request_body import parse_json, read_json_body
+from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
+from sglang_omni.serve.mode_routes import ModeRoutes, refuse_chat, refuse_generate
+from sglang_omni.serve.request_body import parse_json
 from sglang_omni.serve.responses import json_response, json_response_off_loop
+from sglang_omni.serve.schemas.direct import (
+    IMAGE_OPTIONS,
+    VIDEO_OPTIONS,
+    ActionGenerationRequest,
+    ImageGenerationRequest,
+    VideoGenerationRequest,
+)
+from sglang_omni.serve.schemas.responses import (
+    ERRORS,
+    ImageGenerationResponse,
+    VideoJobList,
+)
+from sglang_omni.serve.schemas.responses import (
+    VideoJob as VideoJobBody,
+)
+from sglang_omni.serve.typed_route import omni_router
+from sglang_omni.serve.video_jobs import VideoJob, VideoJobs
 
 log = logging.getLogger("sglang_omni.serve")
 
-MAX_VIDEO_JOBS = 64
-VIDEO_RETENTION_S = 3600
 DEFAULT_SECONDS = 4  # the native video route's default length
 VIDEO_EXTENSIONS = (".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".webm")
 
-IMAGE_OPTIONS = ("width", "height", "seed", "num_inference_steps", "guidance_scale",
-                 "negative_prompt", "flow_shift", "max_sequence_length", "use_guardrails")
-VIDEO_OPTIONS = (*IMAGE_OPTIONS, "num_frames", "fps", "image_path", "video_path",
-                 "generate_sound", "sound_duration", "action_mode", "action", "domain_name",
-                 "domain_id", "raw_action_dim", "action_horizon")
 IMAGE_FIELDS = ("prompt", "n", "size", "response_format", "output_format", "model", "user")
 VIDEO_FIELDS = ("prompt", "n", "num_outputs_per_prompt", "seconds", "size", "model", "user",
                 "input_reference", "reference_url", "video_url")
@@ -72,16 +81,10 @@ NOT_HERE = ("output_path", "output_file_name", "save_output", "return_frames",
 
 
 # --- request bodies ----------------------------------------------------------------------------
-async def _json_body(request: Request) -> dict[str, Any]:
-    body = await read_json_body(request)  # 413/415/408/400 for what no route reads
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
-
-
-def _flatten(body: dict[str, Any]) -> dict[str, Any]:
-    """Promote ``extra_params``/``extra_body`` fields and ``guardrails``, as native does."""
-    out = dict(body)
+def _flatten(body: Any) -> dict[str, Any]:
+    """The fields of a validated body, with ``extra_params``/``extra_body`` fields and
+    ``guardrails`` promoted, as native does."""
+    out = body.model_dump(exclude_unset=True)
     for container in ("extra_params", "extra_body"):
         extra = out.pop(container, None)
         if isinstance(extra, str):
@@ -155,96 +158,11 @@ def single_media(kind: str, result: StageResult) -> bytes:
     return bytes(data)
 
 
-@dataclass
-class VideoJob:
-    """One ``/v1/videos`` job, as the native video route reports it."""
-
-    id: str
-    model: str
-    size: str
-    seconds: str
-    created_at: int = field(default_factory=lambda: int(time.time()))
-    status: str = "queued"
-    progress: int = 0
-    completed_at: int | None = None
-    expires_at: int | None = None
-    error: dict[str, Any] | None = None
-    inference_time_s: float | None = None
-    data: bytes | None = field(default=None, repr=False)
-    task: asyncio.Task | None = field(default=None, repr=False)
-
-    @property
-    def finished(self) -> bool:
-        return self.status in ("completed", "failed")
-
-    def body(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "video", "model": self.model, "status": self.status,
-                "progress": self.progress, "created_at": self.created_at, "size": self.size,
-                "seconds": self.seconds, "quality": "standard", "url": None,
-                "completed_at": self.completed_at, "expires_at": self.expires_at,
-                "error": self.error, "inference_time_s": self.inference_time_s}
-
-    def on_progress(self, chunk: dict[str, Any]) -> None:
-        step, steps = chunk.get("step"), chunk.get("steps")
-        if self.status == "queued":
-            self.status = "in_progress"
-        if isinstance(step, int) and isinstance(steps, int) and steps > 0:
-            self.progress = min(99, 100 * step // steps)
-
-    def finish(self, *, data: bytes | None = None, error: OmniError | None = None,
-               engine_s: float | None = None) -> None:
-        self.completed_at = int(time.time())
-        self.expires_at = self.completed_at + VIDEO_RETENTION_S
-        if error is not None:
-            self.status = "failed"
-            self.error = error.to_body()["error"]
-            return
-        self.status, self.progress, self.data = "completed", 100, data
-        self.inference_time_s = engine_s
-
-
-class VideoJobs:
-    """The jobs held in memory, oldest first; each running job's task belongs to it."""
-
-    def __init__(self) -> None:
-        self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
-
-    def expire(self) -> None:
-        """Forget finished jobs older than their retention."""
-        now = time.time()
-        for job in [j for j in self.jobs.values() if j.expires_at and j.expires_at <= now]:
-            del self.jobs[job.id]
-
-    def admit(self, job: VideoJob) -> None:
-        self.expire()
-        if len(self.jobs) >= MAX_VIDEO_JOBS:
-            oldest = next((j for j in self.jobs.values() if j.finished), None)
-            if oldest is None:
-                raise ServiceUnavailable(f"{MAX_VIDEO_JOBS} video jobs are queued or running; "
-                                         "retry later")
-            del self.jobs[oldest.id]
-        self.jobs[job.id] = job
-
-    def get(self, video_id: str) -> VideoJob:
-        self.expire()
-        job = self.jobs.get(video_id)
-        if job is None:
-            raise NotFound(f"video {video_id!r} not found (deleted, expired after "
-                           f"{VIDEO_RETENTION_S} s, or never created)")
-        return job
-
-    def pop(self, video_id: str) -> VideoJob:
-        job = self.get(video_id)
-        del self.jobs[video_id]
-        if job.task is not None and not job.task.done():
-            job.task.cancel()  # aborts the generation on the stage
-        return job
-
-
 # --- routes ------------------------------------------------------------------------------------
-def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter:
-    """The direct generation routes over ``orchestrator``'s generation stage."""
-    router = APIRouter()
+def direct_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
+    """The direct generation routes over ``orchestrator``'s generation stage; the video jobs
+    are owned by the returned routes (closed at shutdown)."""
+    router = omni_router()
     videos = VideoJobs()
     policy = orchestrator.policy
     settings = orchestrator.config.server
@@ -261,10 +179,12 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
         except ClientDisconnected:
             return None
 
-    @router.post("/v1/images/generations")
-    async def image_generations(request: Request) -> Response:
-        body = _flatten(await _json_body(request))
-        fields, options = _split(body, IMAGE_FIELDS, IMAGE_OPTIONS, "/v1/images/generations")
+    @router.post("/v1/images/generations", responses={200: {"model": ImageGenerationResponse},
+                                                      **ERRORS})
+    async def image_generations(request: Request, body: ImageGenerationRequest) -> Response:
+        """Generate one image (PNG, returned as ``b64_json``)."""
+        fields, options = _split(_flatten(body), IMAGE_FIELDS, IMAGE_OPTIONS,
+                                 "/v1/images/generations")
         if fields.get("response_format") not in (None, "b64_json"):
             raise BadRequest("response_format: SGLang Omni keeps no copies of generated media, "
                              "so images come back as b64_json only")
@@ -283,10 +203,10 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
                       "revised_prompt": fields["prompt"]}],
             "inference_time_s": result.engine_s})
 
-    @router.post("/v1/videos")
-    async def create_video(request: Request) -> Response:
-        body = _flatten(await _json_body(request))
-        fields, options = _split(body, VIDEO_FIELDS, VIDEO_OPTIONS, "/v1/videos")
+    @router.post("/v1/videos", responses={200: {"model": VideoJobBody}, **ERRORS})
+    async def create_video(body: VideoGenerationRequest) -> Response:
+        """Create a video job; poll ``GET /v1/videos/{id}``, then fetch its content."""
+        fields, options = _split(_flatten(body), VIDEO_FIELDS, VIDEO_OPTIONS, "/v1/videos")
         for key in ("input_reference", "reference_url", "video_url"):
             ref = fields.get(key)
             if ref is None:
@@ -315,36 +235,31 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
         job = VideoJob(orchestrator.ids.new(), fields.get("model") or served_name, size,
                        str(round(frames / fps)))
         response = json_response(job.body())  # answerable before it is stored
-        videos.admit(job)
-        job.task = asyncio.create_task(run_video(handle, job, fields["prompt"], options))
-        return response
 
-    async def run_video(handle: Any, job: VideoJob, prompt: str,
-                        options: dict[str, Any]) -> None:
-        try:
-            result = await handle.call(job.id, {"modality": "video", "prompt": prompt,
+        async def work(job: VideoJob) -> tuple[bytes, float]:
+            result = await handle.call(job.id, {"modality": "video", "prompt": fields["prompt"],
                                                  "options": options},
                                        on_chunk=job.on_progress)
-            job.finish(data=single_media("video", result), engine_s=result.engine_s)
-        except OmniError as exc:
-            job.finish(error=exc)
-        except Exception:  # noqa: BLE001 - a bug fails the job, not the server
-            log.exception("video job %s failed unexpectedly", job.id)
-            job.finish(error=ServerError(GENERIC_500))
+            return single_media("video", result), result.engine_s
 
-    @router.get("/v1/videos")
+        videos.start(job, work)
+        return response
+
+    @router.get("/v1/videos", responses={200: {"model": VideoJobList}})
     async def list_videos() -> Response:
+        """The jobs held, newest first."""
         videos.expire()
         data = [job.body() for job in reversed(videos.jobs.values())]
         return json_response({"object": "list", "data": data,
                              "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None, "has_more": False})
 
-    @router.get("/v1/videos/{video_id}")
+    @router.get("/v1/videos/{video_id}", responses={200: {"model": VideoJobBody}})
     async def retrieve_video(video_id: str) -> Response:
         return json_response(videos.get(video_id).body())
 
-    @router.get("/v1/videos/{video_id}/content")
+    @router.get("/v1/videos/{video_id}/content",
+                responses={200: {"content": {"video/mp4": {}}, "description": "the MP4"}})
     async def video_content(video_id: str) -> Response:
         job = videos.get(video_id)
         if job.error is not None:
@@ -355,14 +270,15 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
         return Response(job.data, media_type="video/mp4", headers={
             "Content-Disposition": f'attachment; filename="{video_id}.mp4"'})
 
-    @router.delete("/v1/videos/{video_id}")
+    @router.delete("/v1/videos/{video_id}", responses={200: {"model": VideoJobBody}})
     async def delete_video(video_id: str) -> Response:
         job = videos.pop(video_id)
         return json_response({**job.body(), "status": "deleted"})
 
-    @router.post("/v1/actions/generations")
-    async def action_generations(request: Request) -> Response:
-        body = check_action_request(await _json_body(request), policy.check)
+    @router.post("/v1/actions/generations", responses=ERRORS)
+    async def action_generations(request: Request, raw: ActionGenerationRequest) -> Response:
+        """The native action route: the response is native's action generation body."""
+        body = check_action_request(raw.model_dump(exclude_unset=True), policy.check)
         check_media_refs(action_media_refs(body), policy)  # the request-wide count and bytes
         check_generation_limits(action_options(body), settings, video=True,
                                 defaults=ACTION_DEFAULTS, multiple=multiple)
@@ -377,4 +293,7 @@ def generation_routes(orchestrator: Orchestrator, served_name: str) -> APIRouter
             response = {**response, "model": served_name}
         return await json_response_off_loop(lambda: response)
 
-    return router
+    refuse_chat(router, "/v1/chat/completions: this server runs Cosmos3PipelineConfig (direct "
+                "generation); use the image, video and action routes")
+    refuse_generate(router, orchestrator.config.config_cls)
+    return ModeRoutes(router, closers=(videos.close,))

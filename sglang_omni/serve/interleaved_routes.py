@@ -1,0 +1,124 @@
+"""The interleaved pipeline (``Cosmos3UMMPipelineConfig``): ``/v1/chat/completions`` and
+``/generate``, each streaming (SSE) or not.
+
+A request is checked (400), admitted by the deadline plan (503) and only then run; a run ends
+when its response ends or its client leaves (``Orchestrator.end_interleaved``, on the event
+loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.background import BackgroundTask
+
+from sglang_omni.errors import BadRequest
+from sglang_omni.media import check_chat_request
+from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
+from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
+from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
+from sglang_omni.serve.generate_request import parse_generate_request
+from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
+from sglang_omni.serve.mode_routes import ModeRoutes
+from sglang_omni.serve.responses import json_response_off_loop
+from sglang_omni.serve.schemas.chat import ChatCompletionRequest, GenerateRequest
+from sglang_omni.serve.schemas.responses import ERRORS, ChatCompletion, GenerateResponse
+from sglang_omni.serve.sse import sse_response
+from sglang_omni.serve.typed_route import omni_router
+from sglang_omni.serve.umm_wire import chat_json, chat_sse, collect, generate_json, generate_sse
+
+Events = AsyncIterator[Segment | Complete]
+STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
+    """The interleaved routes over ``orchestrator``."""
+    router = omni_router()
+    config = orchestrator.config
+    stage_names = tuple(orchestrator.stages.handles)
+    generation = config.stages.get("generation")
+    multiple = size_multiple(generation.factory.get("backend") if generation else None)
+
+    async def open_run(rid: str, messages: list, sampling: dict, stage_params: dict,
+                       stage_sampling: dict) -> UMMRun:
+        """Check the generation limits, measure the history off the event loop, open the run
+        (400/503 before any model work). The rid is claimed: refused, it is free again;
+        admitted, it ends with the run."""
+        try:
+            check_generation_limits(stage_params.get("generation") or {}, config.server,
+                                    where="stage_params.generation.", feeds_reasoner=True,
+                                    multiple=multiple)
+            history_size = await asyncio.to_thread(history_bytes, messages)
+            return orchestrator.open_interleaved(UMMRequest(
+                rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
+                stage_sampling=stage_sampling, media_policy=orchestrator.policy,
+                history_size=history_size))
+        except BaseException:
+            orchestrator.ids.forget(rid)
+            raise
+
+    async def respond(request: Request, run: UMMRun,
+                      stream_form: Callable[[Events], AsyncIterator[str]] | None,
+                      json_form: Callable[[Complete], Any]) -> Response:
+        events = orchestrator.interleaved_events(run)
+        if stream_form is not None:
+            # An async function: Starlette runs a sync background function in a worker
+            # thread, and the orchestrator's state belongs to the event loop.
+            async def end_run() -> None:
+                orchestrator.end_interleaved(run)
+
+            return sse_response(stream_form(events), config.server.sse_keepalive_s,
+                                background=BackgroundTask(end_run))
+        try:
+            done = await until_disconnect(request, collect(events))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        finally:
+            await events.aclose()
+            orchestrator.end_interleaved(run)
+        # base64 and JSON of up to 17 media segments: off the event loop
+        return await json_response_off_loop(lambda: json_form(done))
+
+    @router.post("/v1/chat/completions", responses={
+        200: {"model": ChatCompletion, "content": STREAM_DOC}, **ERRORS})
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+        """An interleaved request in the OpenAI chat shape: every segment in order (streamed
+        as ``delta.segment`` chunks with ``stream: true``)."""
+        req = parse_chat_request(body, known_stages=stage_names)
+        check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        orchestrator.check_healthy()
+        model = req.model or served_name
+        if req.response_format is not None:
+            raise BadRequest("response_format: the interleaved pipeline sets the Reasoner's "
+                             "decision format itself; remove response_format")
+        if req.extra.get("logprobs") or req.extra.get("return_logprob"):
+            raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
+        rid = orchestrator.ids.claim(req.rid)
+        run = await open_run(rid, req.messages, req.sampling, req.stage_params,
+                             req.stage_sampling)
+        stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
+            if req.stream else None
+        return await respond(request, run, stream_form, lambda done: chat_json(rid, model, done))
+
+    @router.post("/generate", responses={
+        200: {"model": GenerateResponse, "content": STREAM_DOC}, **ERRORS})
+    async def generate(request: Request, body: GenerateRequest) -> Response:
+        """An interleaved request: ``event: segment`` per segment, then ``event: complete``
+        (or one JSON body with ``stream: false``)."""
+        req = parse_generate_request(body, stage_names)
+        check_chat_request(req.chat_body, orchestrator.policy)
+        orchestrator.check_healthy()
+        rid = orchestrator.ids.claim(req.rid)
+        run = await open_run(rid, req.messages, req.sampling, req.stage_params,
+                             req.stage_sampling)
+        return await respond(request, run,
+                             (lambda ev: generate_sse(ev, rid)) if req.stream else None,
+                             lambda done: generate_json(rid, done))
+
+    return ModeRoutes(router)

@@ -1,0 +1,152 @@
+"""Response bodies, for ``/openapi.json`` and ``/docs`` (the routes build them as JSON)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="what went wrong and what to change")
+    type: str = Field(description="e.g. invalid_request_error, service_unavailable_error")
+    code: int = Field(description="the HTTP status")
+
+
+class ErrorBody(BaseModel):
+    """Every refusal and failure: 4xx and 5xx answers, and a stream's ``event: error``."""
+
+    error: ErrorDetail
+
+
+class MediaData(BaseModel):
+    kind: Literal["image", "video"]
+    mime_type: str
+    size_bytes: int
+    sha256: str
+    url: str = Field(description="data:<mime>;base64,<bytes>")
+
+
+class Segment(BaseModel):
+    """One ordered output of an interleaved request: text or a generated image or video."""
+
+    type: Literal["segment"] = "segment"
+    execution_id: str
+    segment_index: int
+    kind: Literal["text", "image", "video"]
+    data: str | MediaData | None = Field(
+        None, description="the text, or the media; the stream's complete event lists segments "
+        "without it")
+
+
+class GenerateResponse(BaseModel):
+    """``/generate`` with ``stream: false`` (streaming sends ``event: segment`` per segment,
+    then ``event: complete`` and ``data: [DONE]``)."""
+
+    execution_id: str
+    text: str = Field(description="the text segments joined")
+    segments: list[Segment]
+    finish_reason: str
+    usage: dict[str, Any] | None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    segments: list[Segment] | None = Field(None, description="interleaved pipeline: every "
+                                           "segment in order")
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletion(BaseModel):
+    """``/v1/chat/completions`` with ``stream: false`` (streaming sends
+    ``chat.completion.chunk`` objects, then ``data: [DONE]``)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: dict[str, Any] | None
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str
+
+
+class ImageGenerationResponse(BaseModel):
+    id: str
+    created: int
+    data: list[ImageData]
+    inference_time_s: float | None
+
+
+class VideoJob(BaseModel):
+    """A ``/v1/videos`` job; ``GET /v1/videos/{id}/content`` returns the MP4 once
+    ``status`` is ``completed``."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed", "deleted"]
+    progress: int
+    created_at: int
+    size: str
+    seconds: str
+    quality: str
+    url: str | None
+    completed_at: int | None
+    expires_at: int | None
+    error: ErrorDetail | None
+    inference_time_s: float | None
+
+
+class VideoJobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoJob]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str
+    root: str | None
+    pipeline: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class StageHealth(BaseModel):
+    status: str
+    pid: int | None
+    exitcode: int | None
+    restarts: int
+
+
+class Health(BaseModel):
+    """200 when ``status`` is ``ok``; 503 with ``Retry-After`` otherwise."""
+
+    status: Literal["ok", "stalled", "restarting", "unhealthy"]
+    stages: dict[str, StageHealth]
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in (
+        (400, "invalid request: the message names the field and what to change"),
+        (401, "missing or invalid API key"),
+        (413, "body over server.max_body_bytes"),
+        (503, "over capacity or a stage is restarting; see Retry-After"),
+    )}
