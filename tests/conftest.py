@@ -1,14 +1,20 @@
-"""Suite-wide markers: ``server`` on every test that starts a real server or stage process (the
-rule is in ``tests/markers.py``), so ``pytest -m "not server"`` runs the unit tests alone."""
+"""Suite-wide hooks: the ``server`` marker on every test that starts a real server or stage
+process (the rule is in ``tests/markers.py``), so ``pytest -m "not server"`` runs the unit tests
+alone; and how ``pytest -n N --dist loadfile`` (``make test``) spreads files over workers."""
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import Any
 
 import pytest
 
 from tests import server as server_module
 from tests.markers import server_tests
+
+#: Folders whose tests all go to one xdist worker: their session fixtures are too heavy to start
+#: once per worker (tests/scale starts a local Ray cluster).
+ONE_WORKER_FOLDERS = ("tests/scale/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,3 +31,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
         return (yield)
     finally:
         server_module.unmarked_test = None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadfile``: whole files per worker (module-scoped servers start once), and
+    each of :data:`ONE_WORKER_FOLDERS` whole on one worker."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((f for f in ONE_WORKER_FOLDERS if path.startswith(f)), path)
+
+    return Scheduling(config, log)

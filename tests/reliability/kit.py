@@ -25,7 +25,7 @@ from tests.server import Server
 DOCUMENTED = {200, 400, 401, 404, 405, 408, 413, 415, 499, 500, 503}
 #: Generous server options for the concurrency and resource tests: no admission refusals
 #: (max_active above any client count used) and no deadline refusals.
-ROOMY = ("--orchestrator.factory.max_active", "128", "--orchestrator.factory.timeout_s", "600")
+ROOMY = ("--orchestrator.factory.max_active", "128", "--orchestrator.factory.timeout_s", "3600")
 SMALL = {"width": 32, "height": 32, "num_frames": 3}
 #: ``server.max_body_bytes`` of the shared direct generation server.
 BODY_LIMIT = 2**20
