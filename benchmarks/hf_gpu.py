@@ -1,22 +1,20 @@
-"""The hf backend with random weights at Cosmos3 Nano's dimensions, on one GPU.
+"""The hf engines at Cosmos3 Nano's size on one GPU: fast paths against stock, in one run.
 
-Builds the Reasoner (transformers ``Cosmos3OmniForConditionalGeneration``, Qwen3-VL-8B-sized:
-hidden 4096, 36 layers, 32 heads, 8 KV heads, vocabulary 151936, a 27-block ViT) and the
-generation tower (diffusers ``Cosmos3OmniTransformer`` at its Nano defaults, a Wan2.2-sized VAE
-with 48 latent channels) directly on the device in bfloat16 with random weights, hands them to
-the hf engines (``HFReasoner`` / ``HFGenerator``, the code the stage processes run), and times:
+Loads a checkpoint built by ``sgl-omni make-checkpoint --shape nano`` (random weights in the real
+layout) into the hf engines (``HFReasoner``, ``HFGenerator``: the code the stage processes run)
+and times, each side by side in the same process:
 
-* a 640x640 image and a 640x640 33-frame video, per denoising step (CFG on: two transformer
-  passes a step) and the VAE decode;
-* Reasoner decoding in tokens per second, plain and under the decision JSON schema;
-* how many denoising steps run after an abort, and how long the abort takes to land.
+* Reasoner decoding on a 722-token prompt: transformers' eager ``generate`` against the static
+  KV cache replayed as CUDA graphs (``engines/hf/static_decode.py``), for a decision under the
+  decision JSON schema (greedy, at most 128 tokens) and 256 plain tokens; whether the greedy
+  text is the same; tokens per second of the whole turn and of decoding alone;
+* generation: stock ``Cosmos3OmniPipeline.__call__`` against ``engines/hf/denoise.py`` for a
+  640x640 image (per denoising step, CFG on) and a 33-frame 1280x720 text-to-video request with
+  35 steps (end to end), and how far their outputs differ for the same seed;
+* how many denoising steps run after an abort on the fast path.
 
-The tokenizer and processor come from the tiny checkpoint (418 tokens; the model's embedding
-table still has Nano's 151936 rows). ``--tiny`` runs the same code at the tiny dimensions on the
-CPU, to check the script before spending device time.
-
-    python benchmarks/hf_gpu.py            # on the GPU machine
-    python benchmarks/hf_gpu.py --tiny     # anywhere, quickly
+    python benchmarks/hf_gpu.py --checkpoint /tmp/nano --out benchmarks/results/hf_gpu_nano.json
+    python benchmarks/hf_gpu.py --tiny     # the micro shape on the CPU, to check the script
 """
 
 from __future__ import annotations
@@ -38,100 +36,16 @@ from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.hf import HFGenerator, HFReasoner  # noqa: E402
 from sglang_omni.engines.hf.common import JobCancelled  # noqa: E402
 from sglang_omni.models.cosmos3 import decision  # noqa: E402
-from sglang_omni.models.cosmos3.tiny_checkpoint import build_tiny_checkpoint  # noqa: E402
+from sglang_omni.models.cosmos3.nano_checkpoint import build_checkpoint  # noqa: E402
 
-NANO_TEXT = {"model_type": "qwen3_vl_text", "hidden_size": 4096, "intermediate_size": 12288,
-             "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-             "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 262144,
-             "rope_parameters": {"rope_type": "default", "rope_theta": 5e6,
-                                 "mrope_section": [24, 20, 20], "mrope_interleaved": True}}
-NANO_VISION = {"model_type": "qwen3_vl_vision", "depth": 27, "hidden_size": 1152,
-               "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
-               "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 4096,
-               "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}
-NANO_VAE = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4],
-            "num_res_blocks": 2}
-NANO_TRANSFORMER: dict[str, Any] = {}  # Cosmos3OmniTransformer's defaults are Nano's
-
-
-def tiny_dims() -> tuple[dict, dict, dict, dict]:
-    """The tiny checkpoint's dimensions, to run the same construction code on a CPU."""
-    from sglang_omni.models.cosmos3 import tiny_checkpoint as tc
-
-    text = {**tc.TEXT_CONFIG, "vocab_size": 418}
-    transformer = {"hidden_size": 64, "head_dim": 16, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2,
-                   "vocab_size": 418, "rope_axes_dim": [4, 2, 2], "latent_channel": 8,
-                   "patch_latent_dim": 32}
-    vae = {"base_dim": 8, "decoder_base_dim": 8, "z_dim": 8, "dim_mult": [1, 1, 1, 1],
-           "num_res_blocks": 1}
-    return text, dict(tc.VISION_CONFIG), transformer, vae
+PROMPT_TOKENS = 722
+WORDS = ("a red cube on a wooden table under soft light next to a blue sphere and a green "
+         "cone ").split()
 
 
 def spec(role: str, root: Path, gpu: int | None, **engine: Any) -> EngineSpec:
     return EngineSpec(stage=role, role=role, backend="hf", model_path=str(root), gpu=gpu,
                       gpu_memory_fraction=None, factory={}, engine=engine)
-
-
-def build_reasoner(engine: HFReasoner, text: dict, vision: dict) -> None:
-    """Random weights at the given dimensions in place of the checkpoint's."""
-    import torch
-    from transformers import Cosmos3OmniConfig, Cosmos3OmniForConditionalGeneration
-
-    engine._load()  # the tiny checkpoint: processor, tokenizer, token ids, device
-    small = engine.model.config
-    config = Cosmos3OmniConfig(
-        text_config={**text, "pad_token_id": small.text_config.pad_token_id},
-        vision_config=dict(vision), image_token_id=small.image_token_id,
-        video_token_id=small.video_token_id, vision_start_token_id=small.vision_start_token_id,
-        vision_end_token_id=small.vision_end_token_id)
-    generation_config = engine.model.generation_config
-    del engine.model
-    torch.manual_seed(0)
-    with torch.device(engine.device):
-        torch.set_default_dtype(torch.bfloat16)
-        model = Cosmos3OmniForConditionalGeneration(config).eval()
-        torch.set_default_dtype(torch.float32)
-    model.generation_config = generation_config
-    engine.model = model
-    engine.vocab_size = model.get_output_embeddings().weight.shape[0]
-    engine._vocab = None
-
-
-def build_generator(engine: HFGenerator, transformer_dims: dict, vae_dims: dict) -> None:
-    import torch
-    from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer
-
-    engine._load()
-    pipe = engine.pipe
-    z = vae_dims["z_dim"]
-    torch.manual_seed(1)
-    with torch.device(engine.device):
-        torch.set_default_dtype(torch.bfloat16)
-        transformer = Cosmos3OmniTransformer(**transformer_dims).eval()
-        vae = AutoencoderKLWan(
-            **vae_dims, temperal_downsample=[False, True, True], is_residual=True, patch_size=2,
-            in_channels=12, out_channels=12, scale_factor_spatial=16, scale_factor_temporal=4,
-            latents_mean=[0.0] * z, latents_std=[1.0] * z).eval()
-        torch.set_default_dtype(torch.float32)
-    transformer.time_embedder.float()  # diffusers keeps it in float32
-    engine.pipe = Cosmos3OmniPipeline(
-        transformer=transformer, text_tokenizer=pipe.text_tokenizer, vae=vae,
-        scheduler=pipe.scheduler, sound_tokenizer=None, enable_safety_checker=False)
-    engine.pipe.set_progress_bar_config(disable=True)
-    engine.has_sound = False
-    del pipe
-
-
-class Clock:
-    """Timestamps of each denoising step's end, from the engine's progress chunks."""
-
-    def __init__(self) -> None:
-        self.marks: list[float] = []
-
-    def emit(self, chunk: dict) -> None:
-        if "step" in chunk:
-            self.marks.append(time.perf_counter())
 
 
 def sync() -> None:
@@ -141,95 +55,75 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_generation(engine: HFGenerator, modality: str, size: int, frames: int,
-                    steps: int) -> dict[str, Any]:
-    options = {"width": size, "height": size, "num_frames": frames,
-               "num_inference_steps": steps, "seed": 7}
-    call = engine._plan(modality, "a red cube on a wooden table, soft light", options)
-    clock = Clock()
-    job = Job(f"{modality}-{size}", {}, [], emit=clock.emit)
+# --- the Reasoner ------------------------------------------------------------------------------
+def long_prompt(engine: HFReasoner, tokens: int) -> str:
+    """A user message whose rendered prompt is ``tokens`` tokens long (or just over)."""
+    words: list[str] = []
+    while True:
+        words.extend(WORDS)
+        text = " ".join(words)
+        rendered = engine.processor.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        if len(engine.tokenizer(rendered)["input_ids"]) >= tokens:
+            return text
+
+
+def turn(engine: HFReasoner, loop: asyncio.AbstractEventLoop,
+         payload: dict[str, Any]) -> dict[str, Any]:
     sync()
     started = time.perf_counter()
-    engine._denoise(job, call)
+    result = loop.run_until_complete(engine.run(Job("bench", payload, [], emit=lambda _: None)))
     sync()
-    ended = time.perf_counter()
-    gaps = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
-    return {"modality": modality, "size": f"{size}x{size}", "frames": frames, "steps": steps,
-            "first_step_s": round(clock.marks[0] - started, 4),
-            "step_s_median": round(statistics.median(gaps), 4),
-            "step_s_min": round(min(gaps), 4),
-            "decode_s": round(ended - clock.marks[-1], 3),
-            "total_s": round(ended - started, 3)}
+    seconds = time.perf_counter() - started
+    usage = result.payload["usage"]
+    return {"prompt_tokens": usage["prompt_tokens"], "tokens": usage["completion_tokens"],
+            "seconds": round(seconds, 4), "text": result.payload["text"]}
 
 
-def time_cancel(engine: HFGenerator, size: int, frames: int, step_s: float,
-                trials: int) -> dict[str, Any]:
-    """Abort at a random point of step 4 of 50 from another thread. Counts the transformer
-    passes that start after the abort (a step is two passes with CFG) and whether the VAE
-    decoded, and times the abort until the call returns."""
-    import random
-
-    rng = random.Random(0)
-    passes: list[int] = []
-    hook = engine.pipe.transformer.register_forward_pre_hook(lambda *_: passes.append(1))
-    after, latency = [], []
-    try:
-        for trial in range(trials):
-            call = engine._plan("video" if frames > 1 else "image", "a cube", {
-                "width": size, "height": size, "num_frames": frames,
-                "num_inference_steps": 50, "seed": trial})
-            marks: list[int] = []
-            state: dict[str, float] = {}
-            job = Job("cancel", {}, [], emit=marks.append)
-
-            def cancel_later(job: Job = job, state: dict = state, marks: list = marks) -> None:
-                while len(marks) < 3:
-                    time.sleep(0.0005)
-                time.sleep(rng.uniform(0.05, 0.95) * step_s)
-                state["at"] = time.perf_counter()
-                state["passes_at"] = len(passes)
-                job.cancelled.set()
-
-            threading.Thread(target=cancel_later, daemon=True).start()
-            try:
-                engine._denoise(job, call)
-                raise RuntimeError("the generation was not cancelled")
-            except JobCancelled:
-                pass
-            sync()
-            latency.append(time.perf_counter() - state["at"])
-            after.append(len(passes) - state["passes_at"])
-    finally:
-        hook.remove()
-    return {"size": f"{size}x{size}", "frames": frames, "trials": trials,
-            "passes_started_after_abort": after,
-            "steps_after_abort_max": max((a + 1) // 2 for a in after),
-            "abort_to_return_s_max": round(max(latency), 4),
-            "abort_to_return_s_median": round(statistics.median(latency), 4)}
-
-
-def time_reasoner(engine: HFReasoner, tokens: int) -> dict[str, Any]:
+def time_reasoner(engine: HFReasoner, plain_tokens: int, repeats: int) -> dict[str, Any]:
     loop = asyncio.new_event_loop()
-    messages = [{"role": "user", "content": "Describe a red cube on a table in detail."}]
+    messages = [{"role": "user", "content": long_prompt(engine, PROMPT_TOKENS)}]
+    payloads = {
+        "decision": {"messages": messages, "sampling": {"temperature": 0.0},
+                     "response_format": decision.response_format(("image", "video"))},
+        "plain": {"messages": messages, "sampling": {"max_tokens": plain_tokens,
+                                                     "min_tokens": plain_tokens}},
+        "one": {"messages": messages, "sampling": {"max_tokens": 1}},
+    }
+    fast_decoder = engine.decoder
     out: dict[str, Any] = {}
-    for name, payload in (
-        ("plain", {"messages": messages, "stream": False,
-                   "sampling": {"max_tokens": tokens, "min_tokens": tokens}}),
-        ("decision", {"messages": messages, "stream": False, "sampling": {"temperature": 0.0},
-                      "response_format": decision.response_format(("image", "video"))}),
-    ):
-        loop.run_until_complete(engine.run(Job("warm", payload, [], emit=lambda _: None)))
-        sync()
-        started = time.perf_counter()
-        result = loop.run_until_complete(engine.run(Job(name, payload, [], emit=lambda _: None)))
-        sync()
-        elapsed = time.perf_counter() - started
-        n = result.payload["usage"]["completion_tokens"]
-        out[name] = {"tokens": n, "seconds": round(elapsed, 3),
-                     "tokens_per_s": round(n / elapsed, 1),
-                     "valid_decision": _valid(result.payload["text"]) if name == "decision"
-                     else None}
+    for mode, decoder in (("eager_generate", None), ("static_graphs", fast_decoder)):
+        engine.decoder = decoder
+        turn(engine, loop, payloads["one"])  # warm: this path's kernels and a graph
+        runs = {name: [turn(engine, loop, payloads[name]) for _ in range(
+            1 if decoder is None else repeats)] for name in ("one", "decision", "plain")}
+        first = runs["one"][0]["seconds"]
+        figures: dict[str, Any] = {}
+        for name in ("decision", "plain"):
+            best = min(runs[name], key=lambda r: r["seconds"])
+            n = best["tokens"]
+            figures[name] = {
+                "prompt_tokens": best["prompt_tokens"], "tokens": n,
+                "turn_s": best["seconds"], "tokens_per_s": round(n / best["seconds"], 1),
+                "decode_tokens_per_s": round((n - 1) / max(best["seconds"] - first, 1e-9), 1),
+                "text": best["text"]}
+        figures["prefill_and_first_token_s"] = first
+        out[mode] = figures
+    engine.decoder = fast_decoder
     loop.close()
+    for name in ("decision", "plain"):
+        eager, fast = out["eager_generate"][name], out["static_graphs"][name]
+        same = 0
+        while same < min(len(eager["text"]), len(fast["text"])) and \
+                eager["text"][same] == fast["text"][same]:
+            same += 1
+        out[f"{name}_speedup"] = round(fast["tokens_per_s"] / eager["tokens_per_s"], 2)
+        out[f"{name}_same_text"] = eager["text"] == fast["text"]
+        out[f"{name}_common_prefix_chars"] = same
+        out[f"{name}_valid_decision"] = _valid(fast["text"]) if name == "decision" else None
+    for mode in ("eager_generate", "static_graphs"):
+        for name in ("decision", "plain"):
+            out[mode][name]["text"] = out[mode][name]["text"][:200]
     return out
 
 
@@ -241,10 +135,115 @@ def _valid(text: str) -> bool:
         return False
 
 
+# --- generation --------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def emit(self, chunk: dict) -> None:
+        if "step" in chunk:
+            self.marks.append(time.perf_counter())
+
+
+def generate(engine: HFGenerator, fast: bool, modality: str, width: int, height: int,
+             frames: int, steps: int) -> tuple[dict[str, Any], Any]:
+    engine.fast = fast
+    call = engine._plan(modality, "a red cube on a wooden table, soft light", {
+        "width": width, "height": height, "num_frames": frames, "num_inference_steps": steps,
+        "seed": 7})
+    clock = Clock()
+    sync()
+    started = time.perf_counter()
+    outcome = engine._denoise(Job(f"{modality}-{width}", {}, [], emit=clock.emit), call)
+    sync()
+    ended = time.perf_counter()
+    gaps = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
+    return ({"loop": "fast" if fast else "stock", "size": f"{width}x{height}", "frames": frames,
+             "steps": steps, "first_step_s": round(clock.marks[0] - started, 4),
+             "step_s_median": round(statistics.median(gaps), 4) if gaps else None,
+             "decode_s": round(ended - clock.marks[-1], 3), "total_s": round(ended - started, 3)},
+            outcome[0])
+
+
+def difference(a: Any, b: Any) -> dict[str, float]:
+    import numpy as np
+
+    x = (np.clip(np.asarray(a), 0, 1) * 255).round()
+    y = (np.clip(np.asarray(b), 0, 1) * 255).round()
+    d = np.abs(x - y)
+    return {"mean_abs_8bit": round(float(d.mean()), 3), "max_abs_8bit": float(d.max()),
+            "share_of_pixels_off_by_more_than_2": round(float((d > 2).mean()), 5)}
+
+
+def time_generation(engine: HFGenerator, image: tuple[int, int, int],
+                    video: tuple[int, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    w, h, steps = image
+    results = {}
+    for fast in (False, True):
+        generate(engine, fast, "image", w, h, 1, 2)  # warm this path at this size
+        results[fast] = generate(engine, fast, "image", w, h, 1, steps)
+    stock, fast_ = results[False][0], results[True][0]
+    out["image"] = {"stock": stock, "fast": fast_,
+                    "step_speedup": round(stock["step_s_median"] / fast_["step_s_median"], 2),
+                    "output_difference": difference(results[False][1], results[True][1])}
+    vw, vh, frames, vsteps = video
+    results = {}
+    for fast in (False, True):
+        generate(engine, fast, "video", vw, vh, frames, 2)  # warm: kernels, VAE at this size
+        results[fast] = generate(engine, fast, "video", vw, vh, frames, vsteps)
+    stock, fast_ = results[False][0], results[True][0]
+    out["video"] = {"stock": stock, "fast": fast_,
+                    "saved_s": round(stock["total_s"] - fast_["total_s"], 3),
+                    "step_speedup": round(stock["step_s_median"] / fast_["step_s_median"], 2),
+                    "output_difference": difference(results[False][1], results[True][1])}
+    out["cancel_fast_image"] = time_cancel(engine, w, h, out["image"]["fast"]["step_s_median"],
+                                           3)
+    return out
+
+
+def time_cancel(engine: HFGenerator, width: int, height: int, step_s: float,
+                trials: int) -> dict[str, Any]:
+    """Abort at a random point of step 4 of 50 from another thread (fast path): passes of
+    steps that start after the abort, and the abort-to-return time."""
+    import random
+
+    rng = random.Random(0)
+    engine.fast = True
+    after, latency = [], []
+    for trial in range(trials):
+        call = engine._plan("image", "a cube", {"width": width, "height": height,
+                                                "num_inference_steps": 50, "seed": trial})
+        marks: list[int] = []
+        state: dict[str, float] = {}
+        job = Job("cancel", {}, [], emit=marks.append)
+
+        def cancel_later(job: Job = job, state: dict = state, marks: list = marks) -> None:
+            while len(marks) < 3:
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0.05, 0.95) * step_s)
+            state["at"] = time.perf_counter()
+            state["steps_at"] = len(marks)
+            job.cancelled.set()
+
+        threading.Thread(target=cancel_later, daemon=True).start()
+        try:
+            engine._denoise(job, call)
+            raise RuntimeError("the generation was not cancelled")
+        except JobCancelled:
+            pass
+        sync()
+        latency.append(time.perf_counter() - state["at"])
+        after.append(len(marks) - int(state["steps_at"]))
+    return {"trials": trials, "steps_ended_after_abort": after,
+            "abort_to_return_s_max": round(max(latency), 4)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tiny", action="store_true", help="tiny dimensions on the CPU")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--checkpoint", help="a make-checkpoint folder (default: build one)")
+    parser.add_argument("--tiny", action="store_true", help="the micro shape on the CPU")
+    parser.add_argument("--image-steps", type=int, default=12)
     parser.add_argument("--out", help="write the JSON figures here too")
     args = parser.parse_args()
     import torch
@@ -253,36 +252,28 @@ def main() -> int:
     figures: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if gpu == 0 else "cpu",
                                "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as scratch:
-        root = build_tiny_checkpoint(Path(scratch) / "tiny")
+        root = Path(args.checkpoint) if args.checkpoint else build_checkpoint(
+            Path(scratch) / "ckpt", shape="micro" if args.tiny else "nano")
         started = time.perf_counter()
-        if args.tiny:
-            text, vision, transformer, vae = tiny_dims()
-        else:
-            text, vision, transformer, vae = NANO_TEXT, NANO_VISION, NANO_TRANSFORMER, NANO_VAE
+        reasoner = HFReasoner(spec("reasoner", root, gpu, max_structured_tokens=128,
+                                   decoder="graphs" if gpu == 0 else "static"))
+        reasoner._load()
+        figures["reasoner_load_and_warmup_s"] = round(time.perf_counter() - started, 1)
+        figures["reasoner"] = time_reasoner(reasoner, 32 if args.tiny else 256,
+                                            1 if args.tiny else 2)
+        started = time.perf_counter()
         generator = HFGenerator(spec("generation", root, gpu))
-        build_generator(generator, transformer, vae)
-        reasoner = HFReasoner(spec("reasoner", root, gpu, max_structured_tokens=256))
-        build_reasoner(reasoner, text, vision)
-        figures["build_s"] = round(time.perf_counter() - started, 1)
-        figures["params_transformer_b"] = round(
-            sum(p.numel() for p in generator.pipe.transformer.parameters()) / 1e9, 3)
-        figures["params_reasoner_b"] = round(
-            sum(p.numel() for p in reasoner.model.parameters()) / 1e9, 3)
-        size = 64 if args.tiny else 640
-        time_generation(generator, "image", size, 1, 2)  # warm up kernels
-        image = time_generation(generator, "image", size, 1, args.steps)
-        video = time_generation(generator, "video", size, 33 if not args.tiny else 9,
-                                args.steps)
-        figures["image"], figures["video"] = image, video
-        figures["cancel_image"] = time_cancel(generator, size, 1, image["step_s_median"], 5)
-        figures["cancel_video"] = time_cancel(generator, size, 33 if not args.tiny else 9,
-                                              video["step_s_median"], 3)
-        figures["reasoner"] = time_reasoner(reasoner, 64 if args.tiny else 256)
+        generator._load()
+        figures["generator_load_and_warmup_s"] = round(time.perf_counter() - started, 1)
+        image = (64, 64, 3) if args.tiny else (640, 640, args.image_steps)
+        video = (128, 96, 9, 3) if args.tiny else (1280, 720, 33, 35)
+        figures["generation"] = time_generation(generator, image, video)
         if gpu == 0:
             figures["max_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
     return 0
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from sglang_omni.errors import ConfigError
@@ -39,6 +39,23 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                         "stages.reasoner.gpu_memory_fraction")
 
 
+def _ray_args(p: argparse.ArgumentParser) -> None:
+    ray = p.add_argument_group("scale out on Ray Serve (needs the ray extra)")
+    ray.add_argument("--ray", action="store_true", help=(
+        "serve --replicas whole servers behind one endpoint on Ray Serve; each replica asks Ray "
+        "for the GPUs its stages use (--host/--port are Ray's HTTP proxy's)"))
+    ray.add_argument("--replicas", type=int, default=2, metavar="N", help="replicas (default 2)")
+    ray.add_argument("--ray-address", metavar="ADDR", help=(
+        "join this Ray cluster (auto, HOST:6379, ray://HOST:10001); default: start a local one"))
+    ray.add_argument("--router", default="deadline", choices=["deadline", "pow2", "round_robin"],
+                     help="replica choice: the earliest deadline plan (default), Ray's "
+                          "power-of-two choices, or round robin")
+    ray.add_argument("--retries", type=int, metavar="N", help=(
+        "retry a 503 on another replica up to N times (default: replicas - 1, at most 3)"))
+    ray.add_argument("--gateways", type=int, default=1, metavar="N",
+                     help="gateway replicas in front of the replicas (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sgl-omni", description=(
         "SGLang Omni: serve unified multimodal models (NVIDIA Cosmos3 Nano) on native SGLang."))
@@ -46,40 +63,102 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the HTTP server", epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _config_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--model-name", help="model id reported by /v1/models")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: %(default)s; 0.0.0.0 for every "
+                            "interface)")
+    serve.add_argument("--port", type=int, default=8000,
+                       help="port to listen on (default: %(default)s); checked before anything "
+                            "loads")
+    serve.add_argument("--model-name", help="model id reported by /v1/models (default: the "
+                                            "checkpoint path); requests naming another get 404")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+                       help="server log lines as text (default) or one JSON object per line, "
+                            "one line per request included")
     serve.add_argument("--demo", action="store_true", help=(
         "serve the interleaved pipeline on the CPU with the hf backend and a tiny random-weight "
-        "Cosmos3 checkpoint (built once into ~/.cache/sglang-omni; needs the hf extra)"))
+        "Cosmos3 checkpoint (built once into ~/.cache/sglang-omni; needs the hf extra); with "
+        "--text-only the Reasoner alone as a chat service"))
+    serve.add_argument("--direct", action="store_true", help=(
+        "with --demo: serve direct generation (Cosmos3PipelineConfig: the native image, video "
+        "and action routes) instead of the interleaved pipeline"))
+    _ray_args(serve)
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     resolve = config_sub.add_parser("resolve", help="print the merged configuration",
                                     epilog=EPILOG,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     _config_args(resolve)
+    replicas = sub.add_parser("replicas", help=(
+        "list the replicas of a running `serve --ray` application with their routing stats "
+        "(needs the ray extra)"))
+    replicas.add_argument("--ray-address", default="auto",
+                          help="the Ray cluster (default: the one running on this machine)")
+    replicas.add_argument("--app", default="omni", help="the Serve application name")
     tiny = sub.add_parser("make-tiny-checkpoint", help=(
         "build the tiny seeded random-weight Cosmos3 checkpoint (needs the hf extra)"))
     tiny.add_argument("dir", help="folder to create")
     tiny.add_argument("--seed", type=int, default=0)
+    _make_checkpoint_args(sub)
     return parser
 
 
-def _resolve(args: argparse.Namespace, extra: list[str]) -> Any:
+def _make_checkpoint_args(sub: Any) -> None:
+    made = sub.add_parser("make-checkpoint", help=(
+        "build a seeded random-weight Cosmos3 checkpoint in the real layout: --shape nano is "
+        "Cosmos3 Nano's size (about 33 GB, sharded bf16; needs the hf extra and a GPU to be "
+        "quick)"))
+    made.add_argument("dir", help="folder to create")
+    made.add_argument("--shape", default="nano", choices=["nano", "micro", "tiny"])
+    made.add_argument("--seed", type=int, default=0)
+    made.add_argument("--device", help="where to initialise the weights (default: the GPU if "
+                                       "there is one)")
+
+
+def _make_checkpoint(args: argparse.Namespace) -> int:
+    from sglang_omni.models.cosmos3.nano_checkpoint import build_checkpoint
+
+    try:
+        path = build_checkpoint(args.dir, shape=args.shape, seed=args.seed, device=args.device,
+                                log=lambda line: print(f"sgl-omni: {line}", file=sys.stderr,
+                                                       flush=True))
+    except FileExistsError as exc:
+        print(f"sgl-omni: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def _resolve(args: argparse.Namespace, extra: list[str],
+             before_loading: Callable[[], None] = lambda: None) -> Any:
+    """The configuration; ``before_loading()`` runs before the demo checkpoint is built."""
     from sglang_omni.config import load_config, parse_overrides
 
     overrides = parse_overrides(extra)
     model_path = args.model_path
+    if getattr(args, "direct", False) and not args.demo:
+        raise ConfigError("--direct goes with --demo; otherwise set config_cls: "
+                          "Cosmos3PipelineConfig in the config file")
     if getattr(args, "demo", False):
         from sglang_omni.models.cosmos3 import tiny_checkpoint
 
         if args.config:
             raise ConfigError("--demo brings its own configuration; drop --config (flags such "
                               "as --port or --generation.engine.defaults still apply)")
-        overrides = {**tiny_checkpoint.DEMO_OVERRIDES, **overrides}
+        demo = tiny_checkpoint.DEMO_OVERRIDES
+        if getattr(args, "direct", False) and args.text_only:
+            raise ConfigError("--direct and --text-only: choose one (direct generation, or the "
+                              "Reasoner alone)")
+        if getattr(args, "direct", False):  # the generation stage alone
+            demo = {"config_cls": "Cosmos3PipelineConfig",
+                    **{k: v for k, v in demo.items() if k.startswith("generation.")}}
+        elif args.text_only:  # the Reasoner alone (--text-only selects its config class)
+            demo = {k: v for k, v in demo.items()
+                    if k.startswith("reasoner.") and "max_structured_tokens" not in k}
+        overrides = {**demo, **overrides}
         if model_path is None:
+            before_loading()
             model_path = str(tiny_checkpoint.cached_tiny_checkpoint(
                 log=lambda line: print(f"sgl-omni: {line}", file=sys.stderr, flush=True)))
     if args.mem_fraction_static is not None:
@@ -105,43 +184,71 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sgl-omni: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "make-checkpoint":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _make_checkpoint(args)
+    if args.command == "replicas" or (args.command == "serve" and args.ray):
+        return _on_ray(parser, args, extra)
+    from sglang_omni.serve.startup import PortInUse, listen_socket  # light: no FastAPI
+
+    sock: Any = None
+
+    def claim_port() -> None:  # before anything loads: a port in use fails at once
+        nonlocal sock
+        if args.command == "serve" and sock is None:
+            sock = listen_socket(args.host, args.port)
+
     try:
-        config = _resolve(args, extra)
-    except ConfigError as exc:
-        print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
+        config = _resolve(args, extra, before_loading=claim_port)
+        claim_port()
+    except (ConfigError, PortInUse) as exc:
+        if sock is not None:
+            sock.close()
+        what = "configuration error: " if isinstance(exc, ConfigError) else ""
+        print(f"sgl-omni: {what}{exc}", file=sys.stderr)
         return 2
     if args.command == "config":
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    return _serve(config, args)
+    return _serve(config, args, sock)
 
 
-def _serve(config: Any, args: argparse.Namespace) -> int:
-    import uvicorn
+def _on_ray(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+    """``serve --ray`` and ``replicas``: the config is resolved on each replica (its GPUs)."""
+    import importlib.util
 
-    from sglang_omni.serve.app import create_app
-    from sglang_omni.serve.connection import uvicorn_options
+    from sglang_omni.scale import spec
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s [server] %(levelname)s %(name)s: %(message)s")
+    if args.command == "replicas" and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        app = create_app(config, args.model_name, args.log_level)
+        if args.command == "serve":
+            if args.demo:
+                raise ConfigError("--demo and --ray: run the demo on one server, or give "
+                                  "--config")
+            source, options = spec.from_cli(args, extra)
+            spec.plan_replicas(source)  # configuration errors before Ray is imported
     except ConfigError as exc:
         print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
         return 2
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level=args.log_level,
-                                           timeout_graceful_shutdown=5,
-                                           **uvicorn_options(config.server)))
-    orchestrator = app.state.orchestrator
-    orchestrator.on_fatal = lambda: setattr(server, "should_exit", True)
-    server.run()
-    if orchestrator.fatal_error is not None:
-        print(f"sgl-omni: stopped: {orchestrator.fatal_error}", file=sys.stderr)
-        return 1
-    if not server.started:
-        return 3  # startup failed (uvicorn's own exit code for it)
-    return 0
+    if importlib.util.find_spec("ray") is None:
+        print("sgl-omni: this needs the ray extra: pip install 'sglang-omni[ray]'",
+              file=sys.stderr)
+        return 2
+    from sglang_omni.scale import launch
+
+    if args.command == "replicas":
+        return launch.print_replicas(args.ray_address, args.app)
+    return launch.serve_on_ray(source, options, args.host, args.port, args.ray_address)
+
+
+def _serve(config: Any, args: argparse.Namespace, sock: Any) -> int:
+    """Serve on ``sock`` (bound before the configuration was resolved); see serve.startup."""
+    from sglang_omni.serve.startup import run_server
+
+    return run_server(config, sock, host=args.host, port=args.port, model_name=args.model_name,
+                      log_level=args.log_level, log_format=args.log_format)
 
 
 if __name__ == "__main__":

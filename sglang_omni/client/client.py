@@ -7,22 +7,21 @@ aborts the request on the server.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from sglang_omni.client.direct import DirectGeneration
+from sglang_omni.client.realtime import RealtimeClients
 from sglang_omni.client.types import (
     OmniClientError,
     Segment,
     UMMCompletionResult,
     UMMGenerateChunk,
 )
+from sglang_omni.client.wire import raise_for
 
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
@@ -31,35 +30,18 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _save_new(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a file that must not exist yet."""
-    with open(path, "xb") as f:
-        f.write(data)
-    return path
-
-
-def _raise_for(resp: httpx.Response) -> None:
-    if resp.status_code == 200:
-        return
-    try:
-        error = resp.json()["error"]
-        message = str(error["message"])
-        if resp.status_code == 401:
-            message += " (SDK: pass Client(api_key=KEY) with the server's --api-key)"
-        raise OmniClientError(int(error.get("code", resp.status_code)), message,
-                              str(error.get("type", "")))
-    except (ValueError, KeyError, TypeError):
-        raise OmniClientError(resp.status_code, resp.text[:500]) from None
-
-
-class Client:
-    """``Client(base_url="http://127.0.0.1:8000")``; usable as a context manager."""
+class Client(DirectGeneration, RealtimeClients):
+    """``Client(base_url="http://127.0.0.1:8000")``; usable as a context manager. The direct
+    generation calls are :class:`~sglang_omni.client.direct.DirectGeneration`'s, the
+    WebSocket sessions :class:`~sglang_omni.client.realtime.RealtimeClients`'."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *,
                  timeout: float | None = None, api_key: str | None = None) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
-                                  headers=headers)
+        self._base_url = base_url.rstrip("/")
+        self._headers = headers
+        self._timeout = timeout
+        self._http = httpx.Client(base_url=self._base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -81,7 +63,7 @@ class Client:
                           stage_sampling=stage_sampling, images=images, videos=videos,
                           rid=rid, sampling=sampling)
         resp = self._http.post("/v1/chat/completions", json=body)
-        _raise_for(resp)
+        raise_for(resp)
         out = resp.json()
         choice = out["choices"][0]
         return UMMCompletionResult(
@@ -102,75 +84,12 @@ class Client:
             body["stream"] = True
             return self._stream_generate(body)
         resp = self._http.post("/generate", json=body)
-        _raise_for(resp)
+        raise_for(resp)
         out = resp.json()
         return UMMCompletionResult(
             id=out["execution_id"], text=out.get("text", ""),
             segments=[Segment.from_wire(s) for s in out.get("segments", [])],
             finish_reason=out.get("finish_reason", ""), usage=out.get("usage") or {})
-
-    # --- direct generation (Cosmos3PipelineConfig) ------------------------------------------
-    def generate_media(self, prompt: str, *, output_dir: str | Path, kind: str = "image",
-                       file_name: str | None = None, poll_interval_s: float = 1.0,
-                       **fields: Any) -> list[Path]:
-        """Generate an image or a video on a direct generation server and save it.
-
-        ``fields`` are the native route's fields (``size``, ``seed``, ``num_frames``, ...).
-        The files are written into ``output_dir`` (created if needed) as ``file_name`` (default:
-        the request id) plus ``.png`` or ``.mp4``, never over an existing file; they belong to
-        the caller, and the server keeps no copy (a finished video job is deleted once it is
-        saved, and a video job is deleted, which aborts it, if waiting for it fails or is
-        interrupted). Returns the saved files.
-        """
-        if kind not in ("image", "video"):
-            raise ValueError(f"kind must be 'image' or 'video', got {kind!r}")
-        if file_name is not None and (not file_name or Path(file_name).name != file_name):
-            raise ValueError("file_name must be a plain file name without folders")
-        folder = Path(output_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        if kind == "image":
-            resp = self._http.post("/v1/images/generations", json={
-                **fields, "prompt": prompt, "response_format": "b64_json"})
-            _raise_for(resp)
-            out = resp.json()
-            data = base64.b64decode(out["data"][0]["b64_json"])
-            return [_save_new(folder / f"{file_name or out['id']}.png", data)]
-        resp = self._http.post("/v1/videos", json={**fields, "prompt": prompt})
-        _raise_for(resp)
-        video_id = resp.json()["id"]
-        try:
-            job = self._wait_video(video_id, poll_interval_s)
-            if job["status"] != "completed":
-                error = job.get("error") or {}
-                raise OmniClientError(int(error.get("code", 500)),
-                                      str(error.get("message", "the video generation failed")),
-                                      str(error.get("type", "server_error")))
-            content = self._http.get(f"/v1/videos/{video_id}/content")
-            _raise_for(content)
-            return [_save_new(folder / f"{file_name or video_id}.mp4", content.content)]
-        finally:
-            self._forget_video(video_id)
-
-    def _wait_video(self, video_id: str, poll_interval_s: float) -> dict[str, Any]:
-        while True:
-            resp = self._http.get(f"/v1/videos/{video_id}")
-            _raise_for(resp)
-            job = resp.json()
-            if job["status"] in ("completed", "failed"):
-                return job
-            time.sleep(poll_interval_s)
-
-    def _forget_video(self, video_id: str) -> None:
-        """Delete the job (aborting it if it still runs); the server expires it otherwise."""
-        with contextlib.suppress(httpx.HTTPError):
-            self._http.delete(f"/v1/videos/{video_id}")
-
-    def generate_action(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request to the native action route (``/v1/actions/generations``); returns its
-        response body (``data[0].action`` holds the ``[horizon, raw_action_dim]`` values)."""
-        resp = self._http.post("/v1/actions/generations", json=request)
-        _raise_for(resp)
-        return resp.json()
 
     def _stream_generate(self, body: dict[str, Any]) -> GenerateStream:
         return GenerateStream(self._http, body)
@@ -197,7 +116,7 @@ class GenerateStream(Iterator[UMMGenerateChunk]):
         if self._resp.status_code != 200:
             self._resp.read()
             self._resp.close()
-            _raise_for(self._resp)
+            raise_for(self._resp)
         self._events = self._parse()
 
     def __iter__(self) -> GenerateStream:

@@ -97,3 +97,7 @@ class OmniClientError(Exception):
         self.status = status
         self.message = message
         self.type = type_
+
+
+class GenerationCancelled(Exception):
+    """The caller cancelled a generation; the server aborted it."""

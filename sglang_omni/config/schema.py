@@ -38,6 +38,10 @@ PROCESS_FACTORY: dict[str, FactoryField] = {
     "startup_timeout_s": FactoryField(
         (int, float), 900.0, "seconds to wait for the stage's ready handshake", minimum=0.001
     ),
+    "start_delay_s": FactoryField(
+        (int, float), 0.0, "scripted backend: seconds the engine takes to start, as a model "
+        "loading would (while it starts /health answers starting)", minimum=0,
+    ),
     "children": FactoryField(
         (int,), 0, "scripted backend: idle child processes to start, as native engines do",
         minimum=0,

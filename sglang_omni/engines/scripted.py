@@ -25,8 +25,9 @@ stops the server.
 Generator: PNG (``DEFAULT_SIZE`` square, 640) or H.264 MP4 (``DEFAULT_VIDEO_FRAMES`` at
 ``DEFAULT_FPS``) whose pixels are a function of prompt, seed (``DEFAULT_SEED``), size and frame
 index, after ``num_inference_steps`` (4) steps of ``factory.step_time_s`` seconds, cancellable
-between steps. Prompt directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``,
-``!malformed``, ``!sleep=S``, and ``!size=N`` (media padded with trailing zeros to N bytes, for
+between steps. Either engine takes ``factory.start_delay_s`` seconds to start. Prompt
+directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``,
+and ``!size=N`` (media padded with trailing zeros to N bytes, for
 benchmarks). Direct generation's actions (``modality`` ``action``, the native action route's
 body in ``request``) are checked as the native Cosmos3 action route checks them and answered
 with its response shape: ``action_horizon`` (16) rows of ``raw_action_dim`` (given, else 10)
@@ -42,11 +43,11 @@ import json
 import logging
 import os
 import re
-import time
 from typing import Any, cast
 
 import psutil
 
+from sglang_omni.engines.actions import action_envelope, action_fields, plan_action
 from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
@@ -76,6 +77,14 @@ from sglang_omni.media.types import INLINE_LIMIT
 log = logging.getLogger("sglang_omni.scripted")
 
 SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
+
+
+async def _start_delay(spec: EngineSpec) -> None:
+    """``factory.start_delay_s``: simulate a model that takes that long to load."""
+    delay = float(spec.factory.get("start_delay_s", 0) or 0)
+    if delay > 0:
+        log.info("starting: a simulated load of %g s (factory.start_delay_s)", delay)
+        await asyncio.sleep(delay)
 
 
 # --- Reasoner --------------------------------------------------------------------------------
@@ -161,6 +170,7 @@ class ScriptedReasoner:
         self._children: dict[str, ExitProbe] = {}
 
     async def start(self) -> None:
+        await _start_delay(self.spec)
         for warning in self.server_args.warnings:
             log.warning(warning)
         log.info("native server arguments (the scripted backend does not use them): %s",
@@ -258,7 +268,7 @@ class ScriptedGenerator:
         self.step_time_s = float(spec.factory.get("step_time_s", 0) or 0)
 
     async def start(self) -> None:
-        return None
+        await _start_delay(self.spec)
 
     async def close(self) -> None:
         return None
@@ -336,50 +346,15 @@ ACTION_DOMAIN_IDS = {"droid_lerobot": 8}
 SCRIPTED_RAW_ACTION_DIM = 10
 
 
-def action_fields(request: dict[str, Any]) -> dict[str, Any]:
-    """The native action route's fields, flattened: body, ``input``, its ``observation``, then
-    ``parameters`` (later ones win), as the native Cosmos3 action route reads them."""
-    fields = {k: v for k, v in request.items() if k not in ("input", "parameters", "runtime")}
-    given = request.get("input")
-    if isinstance(given, dict):
-        fields.update({k: v for k, v in given.items() if k != "observation"})
-        if isinstance(given.get("observation"), dict):
-            fields.update(given["observation"])
-    if isinstance(request.get("parameters"), dict):
-        fields.update(request["parameters"])
-    return fields
-
-
 def scripted_action(rid: str, prompt: str, seed: int, steps: int,
                     fields: dict[str, Any]) -> dict[str, Any]:
     """A deterministic action response in the native action route's envelope."""
-    mode = str(fields.get("action_mode", "policy")).strip().lower()
-    if mode == "forward_dynamics":
-        raise BadRequest("Cosmos3 forward_dynamics produces video; use /v1/videos instead")
-    if mode not in ("policy", "inverse_dynamics"):
-        raise BadRequest("Cosmos3 action endpoint supports action_mode='policy' or "
-                         "'inverse_dynamics'")
-    horizon = int(fields.get("action_horizon", 16))
-    if horizon <= 0 or horizon % 4:
-        raise BadRequest("Cosmos3 action_horizon must be divisible by 4 so num_frames is "
-                         "compatible with the temporal VAE")
-    domain_name, domain_id = fields.get("domain_name"), fields.get("domain_id")
-    raw_dim = fields.get("raw_action_dim")
-    if domain_id is None and not domain_name:
-        raise BadRequest("Cosmos3 action requests require domain_name or domain_id")
-    if domain_id is not None and not domain_name and raw_dim is None:
-        raise BadRequest("raw_action_dim is required when only domain_id is provided")
-    dim = int(raw_dim or SCRIPTED_RAW_ACTION_DIM)
-    if domain_id is None:
-        domain_id = ACTION_DOMAIN_IDS.get(str(domain_name), 0)
+    plan = plan_action(fields)
+    dim = plan.raw_action_dim or SCRIPTED_RAW_ACTION_DIM
+    domain_id = plan.domain_id if plan.domain_id is not None else \
+        ACTION_DOMAIN_IDS.get(str(plan.domain_name), 0)
     digest = hashlib.sha256(f"{prompt}\x00{seed}".encode()).digest()
     values = [[round(digest[(r * dim + c) % len(digest)] / 127.5 - 1.0, 4) for c in range(dim)]
-              for r in range(horizon)]
-    action = {"type": "continuous", "dtype": "float32", "shape": [horizon, dim],
-              "values": values, "action_mode": mode, "domain_id": int(domain_id),
-              "raw_action_dim": dim}
-    return {"id": rid, "object": "action.generation", "created": int(time.time()),
-            "model": "scripted",
-            "data": [{"index": 0, "input_index": 0, "candidate_index": 0, "action": action}],
-            "usage": {"batch_size": 1, "action_horizon": horizon, "action_dim": dim,
-                      "denoise_steps": steps, "prefix_cache_hit": False}}
+              for r in range(plan.horizon)]
+    return action_envelope(rid, values, mode=plan.mode, domain_id=domain_id,
+                           raw_action_dim=dim, steps=steps, model="scripted")

@@ -60,12 +60,21 @@ from sglang_omni.media.resolve import (
     checked_addresses,
     pinned_request,
 )
+from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.media.urls import RemoteURL
 from sglang_omni.media.workdir import RequestMediaDir
 
 log = logging.getLogger("sglang_omni.media")
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: The attribute naming a refused or failed fetch's reason for the media metrics
+#: (:mod:`.stats`); untagged refusals count as ``policy``, untagged failures as ``failed``.
+REASON_ATTR = "media_reason"
+
+
+def _tagged(exc: Exception, reason: str) -> Exception:
+    setattr(exc, REASON_ATTR, reason)
+    return exc
 _HEADERS = {"Accept-Encoding": "identity", "User-Agent": "sglang-omni-media"}
 
 
@@ -81,10 +90,10 @@ def charge(workdir: RequestMediaDir | None, policy: MediaPolicy, size: int, *,
     workdir.media_bytes += size
     limit = policy.max_media_bytes
     if limit is not None and workdir.media_bytes > limit:
-        raise MediaRefused(
+        raise _tagged(MediaRefused(
             f"{label}: the request's media add up to more than {limit} bytes "
             f"({MEDIA_BYTES_FLAG} {limit}); send fewer or smaller media, or raise the limit"
-        )
+        ), "size")
 
 
 def _suffix_for(mime: str | None, path: str = "") -> str:
@@ -111,8 +120,42 @@ async def fetch_remote(
     addresses on the first request and every redirect (``resolver``: the DNS lookup, the
     system's by default). Bytes received are counted on ``workdir`` (when given) against
     ``max_media_bytes``. Raises :class:`MediaRefused` or :class:`MediaFetchFailed` as described
-    in the module docstring; ``sink`` may have received a partial body when it raises.
+    in the module docstring; ``sink`` may have received a partial body when it raises. Each
+    fetch is counted in :data:`~sglang_omni.media.stats.MEDIA_STATS`, a refusal or failure by
+    its reason.
     """
+    received = 0
+
+    def counted(chunk: bytes) -> object:
+        nonlocal received
+        received += len(chunk)
+        return sink(chunk)
+
+    try:
+        content_type = await _fetch_remote(url, policy, counted, label=label, workdir=workdir,
+                                           resolver=resolver)
+    except MediaNotFound:
+        MEDIA_STATS.refused("not_found")
+        raise
+    except MediaRefused as exc:
+        MEDIA_STATS.refused(getattr(exc, REASON_ATTR, "policy"))
+        raise
+    except MediaFetchFailed as exc:
+        MEDIA_STATS.refused(getattr(exc, REASON_ATTR, "failed"))
+        raise
+    MEDIA_STATS.fetched(received)
+    return content_type
+
+
+async def _fetch_remote(
+    url: RemoteURL,
+    policy: MediaPolicy,
+    sink: Callable[[bytes], object],
+    *,
+    label: str,
+    workdir: RequestMediaDir | None = None,
+    resolver: Resolver | None = None,
+) -> str | None:
     where = f"{label}: fetching {preview(url.url)}"
     fetch = _Fetch(policy, sink, label, where, workdir, resolver)
     try:
@@ -125,14 +168,14 @@ async def fetch_remote(
             ) as client:
                 return await fetch.follow(client, url)
     except TimeoutError:
-        raise MediaFetchFailed(
+        raise _tagged(MediaFetchFailed(
             f"{where} took longer than {policy.fetch_deadline_s:g} s (the whole fetch, "
             "redirects included)"
-        ) from None
+        ), "timeout") from None
     except httpx.TimeoutException:
-        raise MediaFetchFailed(
+        raise _tagged(MediaFetchFailed(
             f"{where} timed out (no progress for {policy.fetch_timeout_s:g} s)"
-        ) from None
+        ), "timeout") from None
     except httpx.ConnectError as e:
         log.info("%s: cannot connect: %r", where, e)
         raise MediaFetchFailed(f"{where} failed: cannot connect to the media host") from None
@@ -212,9 +255,9 @@ class _Fetch:
         declared = response.headers.get("content-length", "").strip()
         if declared.isdigit() and declared.isascii():
             if policy.over_limit(int(declared)):
-                raise MediaFetchFailed(
+                raise _tagged(MediaFetchFailed(
                     f"{where}: the media is larger than {_limit_text(policy)}"
-                )
+                ), "size")
             if policy.max_media_bytes is not None and self.workdir is not None and \
                     self.workdir.media_bytes + int(declared) > policy.max_media_bytes:
                 charge(self.workdir, policy, int(declared), label=self.label)  # raises
@@ -222,9 +265,9 @@ class _Fetch:
         async for chunk in response.aiter_raw():
             received += len(chunk)
             if policy.over_limit(received):
-                raise MediaFetchFailed(
+                raise _tagged(MediaFetchFailed(
                     f"{where}: the media is larger than {_limit_text(policy)}"
-                )
+                ), "size")
             charge(self.workdir, policy, len(chunk), label=self.label)
             self.sink(chunk)
         self.content_type = response.headers.get("content-type")

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from sglang_omni.errors import BadRequest, MediaRefused
 from sglang_omni.media.content_parts import CHAT_MEDIA_PART_KEYS, iter_content_parts
 from sglang_omni.media.policy import MEDIA_BYTES_FLAG, MEDIA_PARTS_FLAG, InlineMedia, MediaPolicy
+from sglang_omni.media.stats import MEDIA_STATS
 
 #: Top-level request lists of media references.
 TOP_LEVEL_MEDIA_LISTS = ("images", "videos", "audios")
@@ -70,20 +71,32 @@ def iter_generation_media_refs(options: Mapping, *, prefix: str = "") -> Iterato
             yield _url_of(value, label)
 
 
+def _size(exc: MediaRefused) -> MediaRefused:
+    setattr(exc, "media_reason", "size")  # noqa: B010 - read by check_media_refs
+    return exc
+
+
 def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy) -> None:
     """Refuse (400) a request whose ``(label, ref)`` references break ``policy``.
 
     In order: more references than ``max_media_parts``; any reference the policy refuses;
     inline data whose decoded sizes add up to more than ``max_media_bytes``. No network I/O.
     """
-    refs = list(refs)
+    try:
+        _check_media_refs(list(refs), policy)
+    except MediaRefused as exc:
+        MEDIA_STATS.refused(getattr(exc, "media_reason", "policy"))
+        raise
+
+
+def _check_media_refs(refs: list[tuple[str, str]], policy: MediaPolicy) -> None:
     limit = policy.max_media_parts
     if limit is not None and len(refs) > limit:
-        raise MediaRefused(
+        raise _size(MediaRefused(
             f"{refs[limit][0]}: the request carries {len(refs)} media references, more than "
             f"the limit of {limit} ({MEDIA_PARTS_FLAG} {limit}); send at most {limit} images, "
             "videos and audios per request, or raise the limit"
-        )
+        ))
     inline_bytes = 0
     for label, ref in refs:
         source = policy.resolve(ref, label=label)
@@ -91,11 +104,11 @@ def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy) -> No
             inline_bytes += source.payload.decoded_size
             byte_limit = policy.max_media_bytes
             if byte_limit is not None and inline_bytes > byte_limit:
-                raise MediaRefused(
+                raise _size(MediaRefused(
                     f"{label}: the request's inline media add up to more than {byte_limit} "
                     f"bytes ({MEDIA_BYTES_FLAG} {byte_limit}); send fewer or smaller media, "
                     "or raise the limit"
-                )
+                ))
 
 
 def _stage_generation_refs(body: Mapping) -> Iterator[tuple[str, str]]:

@@ -33,6 +33,8 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     stream: bool = False
     include_usage: bool = False
+    #: Interleaved streams only: send progress events (``stream_options.include_progress``).
+    include_progress: bool = False
     rid: Any = None
     model: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +23,8 @@ from sglang_omni.errors import ConfigError, ServiceUnavailable, StageDied, Stage
 from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest
+from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
+from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet
@@ -82,6 +85,15 @@ class Orchestrator:
         self.ids = RequestIds()
         self.active: set[str] = set()
         self._doom: dict[str, _Doom] = {}
+        #: Each admitted interleaved request's turns and generations (its progress events).
+        self.progress: dict[str, RunProgress] = {}
+        #: Admitted interleaved runs by request id (their bytes retained, for metrics).
+        self.runs: dict[str, UMMRun] = {}
+        #: Told about turn and generation times and admission refusals (the server's metrics).
+        self.observer: PipelineObserver = NoObserver()
+        #: True from construction until every stage answered ready once (``/health`` then says
+        #: ``starting``); see :meth:`start`.
+        self.starting = True
         self.controller: UMMController | None = None
         self.chat_admission: ChatAdmission | None = None
         if self.mode == "chat":
@@ -97,8 +109,9 @@ class Orchestrator:
             factory = config.stage("orchestrator").factory
             self.limits = Limits.from_factory(factory)
             self.max_active = int(factory["max_active"])
-            self.scheduler = PlannedGenerations(self.limits.timeout_s,
-                                                self.pipeline.max_generations)
+            self.scheduler = PlannedGenerations(
+                self.limits.timeout_s, self.pipeline.max_generations,
+                on_fail_fast=lambda: self.observer.refused("deadline"))
             self.controller = UMMController(
                 self.pipeline.adapter_cls, self.limits, self._call,
                 self.pipeline.max_generations,
@@ -107,7 +120,10 @@ class Orchestrator:
                 planned=self.scheduler.allowance)
 
     async def start(self) -> None:
+        """Start every stage; ``starting`` is False once they all answered ready (it stays
+        True when one failed, and the server then stops)."""
         await self.stages.start()
+        self.starting = False
 
     async def stop(self) -> None:
         await self.stages.stop()
@@ -128,15 +144,17 @@ class Orchestrator:
             self.on_fatal()
 
     def health(self) -> dict[str, Any]:
-        """The ``/health`` body: ``status`` is ``ok``, ``stalled`` or ``restarting`` (a stage
-        is coming back by itself) or ``unhealthy``; per stage its status, pid, exit code and
-        restarts so far."""
+        """The ``/health`` body: ``status`` is ``ok``, ``starting`` (the stages are loading),
+        ``stalled`` or ``restarting`` (a stage is coming back by itself) or ``unhealthy``; per
+        stage its status, pid, exit code and restarts so far."""
         stages = {n: {"status": h.status, "pid": h.pid, "exitcode": h.exitcode,
                       "restarts": self.stages.supervisors[n].restarts}
                   for n, h in self.stages.handles.items()}
         statuses = {s["status"] for s in stages.values()}
         if statuses == {"ready"}:
             status = "ok"
+        elif self.starting and statuses <= {"ready", "starting"}:
+            status = "starting"
         elif statuses <= {"ready", "stalled", "restarting"}:
             status = "stalled" if "stalled" in statuses else "restarting"
         else:
@@ -157,8 +175,12 @@ class Orchestrator:
         stages that are down are being restarted."""
         if self.healthy:
             return
+        self.observer.refused("stage_down")
         down = [h for h in self.stages.handles.values() if not h.healthy]
         names = ", ".join(h.name for h in down)
+        if self.starting and all(h.status in ("starting", "ready") for h in down):
+            raise StageRestarting(f"the server is starting: stage(s) {names} are still loading; "
+                                  "retry when GET /health answers ok")
         if all(h.restarting or h.stalled for h in down):
             raise StageRestarting(f"stage(s) {names} exited or stopped answering and are "
                                   "restarting; retry in a few seconds")
@@ -170,13 +192,31 @@ class Orchestrator:
         """Run a controller dispatch; generations go through the planned queue. Fails with
         StageDied as soon as any stage dies while the request is admitted."""
         handle = self.stages[stage]
-
-        def run() -> Any:
-            return handle.call(rid, payload, frames)
+        progress = self.progress.get(rid) or RunProgress()
+        observer = self.observer
 
         if handle.spec.role == "generation":
-            work = self.scheduler.generation(rid, str(payload.get("modality", "image")), run)
+            modality = str(payload.get("modality", "image"))
+
+            async def run() -> StageResult:  # called once the stage is this request's
+                options = payload.get("options")
+                steps = options.get("num_inference_steps") if isinstance(options, dict) \
+                    else None
+                on_chunk = progress.generation_started(modality, steps)
+                started = time.monotonic()
+                result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
+                observer.generation(modality, time.monotonic() - started)
+                return result
+
+            work = self.scheduler.generation(rid, modality, run)
         else:
+            async def run() -> StageResult:
+                progress.turn_started()
+                started = time.monotonic()
+                result = await handle.call(rid, payload, frames)
+                observer.reasoner_turn(time.monotonic() - started)
+                return result
+
             work = self.scheduler.reasoner_turn(rid, run)
         result: StageResult = await self._unless_doomed(rid, work)
         return result
@@ -199,7 +239,13 @@ class Orchestrator:
         """Admit a text-only chat request (503 beyond the native limits' sum); the caller
         releases the ticket when the request ends."""
         self.check_healthy()
-        return self.chat_admission.enter() if self.chat_admission is not None else None
+        if self.chat_admission is None:
+            return None
+        try:
+            return self.chat_admission.enter()
+        except ServiceUnavailable:
+            self.observer.refused("chat_queue")
+            raise
 
     async def text_chat(self, rid: str, req: ChatRequest
                         ) -> AsyncGenerator[dict[str, Any] | StageResult, None]:
@@ -228,6 +274,7 @@ class Orchestrator:
         assert self.controller is not None
         self.check_healthy()
         if len(self.active) >= self.max_active:
+            self.observer.refused("max_active")
             raise ServiceUnavailable(
                 f"the server is at stages.orchestrator.factory.max_active ({self.max_active}) "
                 "requests; retry later"
@@ -235,17 +282,23 @@ class Orchestrator:
         run = self.controller.open(request)
         try:
             self.scheduler.admit(request.rid)
-        except BaseException:
+        except BaseException as exc:
             run.close()
+            if isinstance(exc, ServiceUnavailable):
+                self.observer.refused("plan")
             raise
         self.active.add(request.rid)
         self._doom[request.rid] = _Doom()
+        self.progress[request.rid] = RunProgress()
+        self.runs[request.rid] = run
         return run
 
     def release(self, rid: str) -> None:
         self.active.discard(rid)
         self.ids.finish(rid)  # the rid stays taken for a while (RequestIds.window_s)
         self._doom.pop(rid, None)
+        self.progress.pop(rid, None)
+        self.runs.pop(rid, None)
         if self.controller is not None:
             self.scheduler.release(rid)
 

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.pipeline.planner import (
@@ -58,7 +58,11 @@ class PlannedGenerations:
     """One per orchestrator; use from its event loop."""
 
     def __init__(self, timeout_s: float, max_generations: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_fail_fast: Callable[[], None] | None = None) -> None:
+        """``on_fail_fast()`` is called for each request the plan fails fast (metrics)."""
+        self.on_fail_fast = on_fail_fast or (lambda: None)
+        self.clock = clock
         self.planner = GenerationPlanner(
             PlannerConfig(timeout_s=timeout_s, max_generations=max_generations), clock)
         self.requests: dict[str, _Request] = {}
@@ -86,6 +90,21 @@ class PlannedGenerations:
             return self.planner.allowance(rid)
         except KeyError:
             return 0
+
+    def report(self) -> dict[str, Any]:
+        """The plan as clients read it (``GET /v1/queue``): every active request's phase,
+        allowance and generations used, its deadline and planned finish in seconds from now
+        (in generation-stage order), and the measured times."""
+        now = self.clock()
+        plan = [{"rid": p.request_id, "phase": p.phase, "allowance": p.allowance,
+                 "used": p.used, "deadline_in_s": round(p.deadline - now, 3),
+                 "finish_in_s": None if p.finish is None else round(p.finish - now, 3)}
+                for p in self.planner.plan()]
+        times = self.planner.times
+        return {"queued_generations": sum(1 for p in plan if p["phase"] == "queued"),
+                "plan": plan,
+                "measured": {"reasoner_s": times.reasoner_s, "longest_s": dict(times.longest_s),
+                             "shortest_s": dict(times.shortest_s)}}
 
     # --- dispatches --------------------------------------------------------------------------
     async def reasoner_turn(self, rid: str, run: Callable[[], Awaitable[T]]) -> T:
@@ -192,6 +211,7 @@ class PlannedGenerations:
             if state is None:
                 continue
             log.warning("request %s fails fast: %s", fail.request_id, fail.message)
+            self.on_fail_fast()
             state.failure = ServiceUnavailable(fail.message)
             state.failed.set()
 

@@ -101,6 +101,17 @@ class StageHandle:
         self.last_seen = time.monotonic()
         self._generation = 0
         self._pings = itertools.count(1)
+        #: Called as ``listener(outcome, seconds)`` when a call ends (``completed``, ``failed``
+        #: or ``aborted``): the server's stage job latency metric.
+        self.job_listeners: list[Callable[[str, float], None]] = []
+        #: The media counters the stage sent with its last heartbeat answer, and the sum of
+        #: those of its earlier processes (``media_stats()`` adds them up).
+        self._media: dict[str, Any] = {}
+        self._media_before: list[dict[str, Any]] = []
+
+    def media_stats(self) -> list[dict[str, Any]]:
+        """The media counters of every process this stage ran (``MediaStats.snapshot``s)."""
+        return [*self._media_before, self._media]
 
     @property
     def pid(self) -> int | None:
@@ -156,6 +167,9 @@ class StageHandle:
         self.stalled = False
         self.exitcode = None
         self.fatal_message = None
+        if self._media:
+            self._media_before.append(self._media)
+            self._media = {}
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
@@ -211,9 +225,13 @@ class StageHandle:
         self.counters.submitted += 1
         sent = self._sender.submit(self._send_packed, packed, frames)
         sent.add_done_callback(lambda f: self._submit_sent(f, rid, pending))
+        started, outcome = time.monotonic(), "failed"
         try:
-            return await asyncio.shield(pending.future)
+            result: StageResult = await asyncio.shield(pending.future)
+            outcome = "completed"
+            return result
         except asyncio.CancelledError:
+            outcome = "aborted"
             if not pending.future.done():
                 log.info("request %s cancelled; aborting its job on the %s stage", rid, self.name)
                 self.abort(rid)
@@ -221,6 +239,14 @@ class StageHandle:
         finally:
             if self._pending.get(rid) is pending:
                 del self._pending[rid]
+            self._job_ended(outcome, time.monotonic() - started)
+
+    def _job_ended(self, outcome: str, seconds: float) -> None:
+        for listener in self.job_listeners:
+            try:
+                listener(outcome, seconds)
+            except Exception:  # noqa: BLE001 - metrics must not fail a request
+                log.exception("%s: a job listener failed", self.name)
 
     def abort(self, rid: str) -> None:
         """Tell the stage to stop ``rid``'s job; its late messages are dropped from now on."""
@@ -292,6 +318,9 @@ class StageHandle:
                 return
             self.last_seen = time.monotonic()
             if header.get("op") == "pong":
+                media = header.get("media")
+                if isinstance(media, dict):
+                    self._media = media
                 continue
             try:
                 self._loop.call_soon_threadsafe(self._on_message, header, frames, gen)

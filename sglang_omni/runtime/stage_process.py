@@ -1,8 +1,9 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
 Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
-``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq}`` by the reader thread, so
-a frozen stage is noticed). Stage -> server: ``ready {pid, stops_server_on_exit}``,
+``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq, media}`` by the reader
+thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
+:mod:`sglang_omni.media.stats`). Stage -> server: ``ready {pid, stops_server_on_exit}``,
 ``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
 ``error {rid, token, status, type, message}``, ``aborted {rid, token}``, and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
@@ -30,6 +31,7 @@ from typing import Any
 from sglang_omni.engines.base import EngineSpec, Job, build_engine
 from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError
+from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, pack_header
 from sglang_omni.runtime.proc import die_with_parent, start_idle_child
 
@@ -165,7 +167,8 @@ class _StageServer:
                 log.exception("undecodable message from the server")
                 continue
             if header.get("op") == "ping":  # answered here: the event loop may be busy
-                self._send_now({"op": "pong", "seq": header.get("seq")}, None)
+                self._send_now({"op": "pong", "seq": header.get("seq"),
+                                "media": MEDIA_STATS.snapshot()}, None)
                 continue
             loop.call_soon_threadsafe(self._handle, header, frames)
 

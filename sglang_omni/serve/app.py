@@ -1,10 +1,18 @@
 """The FastAPI application: the lifespan owns the orchestrator and what the mode's routes own;
-the routes of the pipeline's mode translate the wire (one router module per mode)."""
+the routes of the pipeline's mode translate the wire (one router module per mode).
+
+By default the lifespan starts every stage before the server answers (a stage that fails fails
+startup). ``sgl-omni serve`` passes ``background_start``: the server answers at once, ``/health``
+says ``starting`` (503) while the stages load, ``on_ready`` runs when they are all ready and
+``on_startup_failure`` when one failed (``app.state.startup_error`` holds the error).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,8 +30,10 @@ from sglang_omni.serve.direct_routes import direct_routes
 from sglang_omni.serve.docs import docs_router
 from sglang_omni.serve.http_errors import install_error_handlers
 from sglang_omni.serve.interleaved_routes import interleaved_routes
-from sglang_omni.serve.metrics import build_registry
+from sglang_omni.serve.metrics import ServerMetrics
 from sglang_omni.serve.mode_routes import ModeRoutes
+from sglang_omni.serve.playground_routes import playground_router
+from sglang_omni.serve.request_log import RequestRecorder
 from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.schemas.responses import Health, ModelList
 from sglang_omni.serve.typed_route import OmniRoute
@@ -32,6 +42,7 @@ from sglang_omni.serve.typed_route import OmniRoute
 #: FastAPI releases that check the type themselves take this switch, older ones read it so.
 LENIENT_CONTENT_TYPE: dict[str, Any] = {"strict_content_type": False} \
     if "strict_content_type" in inspect.signature(FastAPI).parameters else {}
+log = logging.getLogger("sglang_omni.serve")
 #: The routes of each pipeline mode (``PipelineSpec.mode``).
 MODE_ROUTES: dict[str, Callable[[Orchestrator, str], ModeRoutes]] = {
     "umm": interleaved_routes,
@@ -50,19 +61,40 @@ def error_response(exc: OmniError,
 
 
 def create_app(config: ResolvedConfig, model_name: str | None = None,
-               log_level: str = "info") -> FastAPI:
-    """Build the app; stages start in the lifespan, so a failed stage fails server startup."""
+               log_level: str = "info", *, background_start: bool = False,
+               on_ready: Callable[[], Awaitable[None]] | None = None,
+               on_startup_failure: Callable[[], None] | None = None) -> FastAPI:
+    """Build the app; stages start in the lifespan (see the module docstring)."""
     orchestrator = Orchestrator(config, log_level)
     served_name = model_name or config.model_path or config.config_cls
     routes = MODE_ROUTES[orchestrator.mode](orchestrator, served_name)
 
+    async def start_stages() -> None:
+        try:
+            await orchestrator.start()
+        except Exception as exc:  # noqa: BLE001 - reported, then the server stops
+            app.state.startup_error = exc
+            log.error("startup failed: %s", exc)
+            if on_startup_failure is not None:
+                on_startup_failure()
+            return
+        if on_ready is not None:
+            await on_ready()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await orchestrator.start()
+        starting: asyncio.Task | None = None
+        if background_start:
+            starting = asyncio.get_running_loop().create_task(start_stages())
+        else:
+            await orchestrator.start()
         try:
             yield
         finally:
             try:
+                if starting is not None and not starting.done():
+                    starting.cancel()
+                    await asyncio.gather(starting, return_exceptions=True)
                 for close in routes.closers:
                     await close()
             finally:
@@ -75,10 +107,15 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     app.router.route_class = OmniRoute
     app.state.orchestrator = orchestrator
     app.state.server_settings = config.server
+    app.state.startup_error = None
     if config.server.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.server.api_key)
-    install_error_handlers(app, error_response)  # outermost: JSON 500s, 401s included
-    registry = build_registry(orchestrator)
+    install_error_handlers(app, error_response)  # JSON 500s, 401s included
+    server_metrics = ServerMetrics(orchestrator)
+    orchestrator.observer = server_metrics
+    app.state.metrics = server_metrics
+    app.add_middleware(RequestRecorder, sink=server_metrics)  # outermost: every request
+    registry = server_metrics.registry
 
     @app.exception_handler(OmniError)
     async def _omni_error(_: Request, exc: OmniError) -> Response:
@@ -86,7 +123,8 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
 
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> Response:
-        """``ok`` (200) or ``stalled``/``restarting``/``unhealthy`` (503), per stage."""
+        """``ok`` (200) or ``starting``/``stalled``/``restarting``/``unhealthy`` (503), per
+        stage."""
         report = orchestrator.health()
         ok = report["status"] == "ok"
         headers = None if ok else {"Retry-After": str(config.server.retry_after_s)}
@@ -99,6 +137,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         return json_response({"object": "list", "data": [{
             "id": served_name, "object": "model", "owned_by": "sglang-omni",
             "root": config.model_path, "pipeline": config.config_cls,
+            "mode": orchestrator.mode,
         }]})
 
     @app.get("/metrics", responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
@@ -108,4 +147,5 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
 
     app.include_router(routes.router)
     app.include_router(docs_router(app.title))
+    app.include_router(playground_router())
     return app

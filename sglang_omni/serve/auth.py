@@ -1,8 +1,9 @@
 """Who may call: the ``--api-key`` check, as pure ASGI middleware.
 
-With a key set, every HTTP and WebSocket request except ``/health`` and the API documentation
-(``/docs``, ``/redoc``, their assets and ``/openapi.json``, which a browser loads without a
-bearer header and which hold no secret) must carry
+With a key set, every HTTP and WebSocket request except ``/health``, the API documentation
+(``/docs``, ``/redoc``, their assets and ``/openapi.json``) and the playground page (``/``,
+``/playground`` and its assets), which a browser loads without a bearer header and which hold no
+secret (the page asks for the key and sends it on the API calls it makes), must carry
 ``Authorization: Bearer KEY`` (compared in constant time). Others get 401 in the JSON error
 shape with ``WWW-Authenticate: Bearer``; a WebSocket is closed with code 1008 before it opens.
 """
@@ -16,8 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_omni.errors import Unauthorized
 
-OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json"})
-OPEN_PREFIXES = ("/docs/assets/",)
+OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/", "/playground"})
+OPEN_PREFIXES = ("/docs/assets/", "/playground/assets/")
 WS_POLICY_VIOLATION = 1008
 
 

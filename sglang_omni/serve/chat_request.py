@@ -106,10 +106,18 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
             raise BadRequest(f"{where}: native SGLang reads media only from content parts; "
                              "put the media in the messages and remove it here")
     options = fields.get("stream_options") or {}
+    include_progress = options.get("include_progress", False)
+    if not isinstance(include_progress, bool):
+        raise BadRequest(f"stream_options.include_progress: expected true or false, got "
+                         f"{include_progress!r}")
+    if include_progress and not stream:
+        raise BadRequest("stream_options.include_progress: progress is sent on a stream only; "
+                         "set stream to true or leave include_progress unset")
     sampling = {k: fields[k] for k in SAMPLING_LIKE_FIELDS if k in fields}
     extra = {k: fields[k] for k in ("logprobs", "top_logprobs", "return_logprob") if k in fields}
     return ChatRequest(
         messages=messages, stream=stream, include_usage=bool(options.get("include_usage")),
+        include_progress=include_progress,
         rid=fields.get("rid"), model=fields.get("model"), sampling=sampling,
         stage_params=stage_params, stage_sampling=stage_sampling,
         response_format=fields.get("response_format"), extra=extra,

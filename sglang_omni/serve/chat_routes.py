@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from sglang_omni.engines.result import StageResult
-from sglang_omni.errors import OmniError, ServiceUnavailable, is_client_error
+from sglang_omni.errors import BadRequest, OmniError, ServiceUnavailable, is_client_error
 from sglang_omni.media import check_chat_request
 from sglang_omni.pipeline.chat_admission import AdmissionTicket
 from sglang_omni.pipeline.chat_request import ChatRequest
@@ -27,10 +27,11 @@ from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.serve.chat_request import parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
-from sglang_omni.serve.mode_routes import ModeRoutes, refuse_generate
+from sglang_omni.serve.mode_routes import ModeRoutes, check_model, refuse_generate
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
+from sglang_omni.serve.request_log import note_rid
 from sglang_omni.serve.schemas.chat import ChatCompletionRequest
-from sglang_omni.serve.schemas.responses import ERRORS, ChatCompletion
+from sglang_omni.serve.schemas.responses import MODEL_ERRORS, ChatCompletion
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_response, stream_error
 from sglang_omni.serve.typed_route import omni_router
 
@@ -43,10 +44,14 @@ def chat_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
     stage_names = tuple(orchestrator.stages.handles)
 
     @router.post("/v1/chat/completions", responses={
-        200: {"model": ChatCompletion, "content": STREAM_DOC}, **ERRORS})
+        200: {"model": ChatCompletion, "content": STREAM_DOC}, **MODEL_ERRORS})
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         """One Reasoner completion (streamed as chunks with ``stream: true``)."""
         req = parse_chat_request(body, known_stages=stage_names)
+        check_model(req.model, served_name)
+        if req.include_progress:
+            raise BadRequest("stream_options.include_progress: text-only chat runs no "
+                             "generations, so it has no progress to send; leave it unset")
         check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
         orchestrator.check_healthy()
         return await _text_chat(request, orchestrator, req, req.model or served_name)
@@ -64,6 +69,7 @@ async def _text_chat(request: Request, orchestrator: Orchestrator, req: ChatRequ
     rid: str | None = None
     try:
         rid = orchestrator.ids.claim(req.rid)
+        note_rid(rid)
         if req.stream:
             response = await _open_text_stream(request, orchestrator, rid, model, req, ticket)
             handed_over = True

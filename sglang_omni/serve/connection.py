@@ -115,6 +115,8 @@ def protocol_for(settings: ServerSettings) -> type[GuardedH11Protocol]:
 
 
 def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
-    """uvicorn.Config keywords for ``settings``: protocol, idle timeout, head size."""
+    """uvicorn.Config keywords for ``settings``: protocol, idle timeout, head size, and the
+    largest WebSocket message (``server.max_body_bytes``, as for a request body)."""
     return {"http": protocol_for(settings), "timeout_keep_alive": settings.idle_timeout_s,
-            "h11_max_incomplete_event_size": MAX_HEADER_BYTES}
+            "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
+            "ws_max_size": settings.max_body_bytes}

@@ -11,7 +11,7 @@ from sglang_omni.serve.schemas.chat import LOGPROB_OPTIONS, ROLLOUT_ARTIFACTS, G
 from sglang_omni.serve.validation import validate
 
 FIELDS = ("prompt", "messages", "images", "videos", "stream", "rid", "model", "stage_params",
-          "stage_sampling") + SAMPLING_LIKE_FIELDS + ROLLOUT_ARTIFACTS \
+          "stage_sampling", "include_progress") + SAMPLING_LIKE_FIELDS + ROLLOUT_ARTIFACTS \
     + LOGPROB_OPTIONS
 
 
@@ -26,6 +26,9 @@ class ParsedGenerate:
     stage_params: dict[str, dict[str, Any]]
     stage_sampling: dict[str, dict[str, Any]]
     chat_body: dict[str, Any]
+    model: str | None = None
+    #: Send ``event: progress`` events on the stream (``include_progress``).
+    include_progress: bool = False
 
 
 def parse_generate_request(body: Any, stages: tuple[str, ...]) -> ParsedGenerate:
@@ -51,9 +54,13 @@ def parse_generate_request(body: Any, stages: tuple[str, ...]) -> ParsedGenerate
         if not prompt.strip():
             raise BadRequest("prompt: expected a non-empty string")
         messages = [{"role": "user", "content": prompt}]
+    include_progress = bool(fields.get("include_progress"))
+    if include_progress and not fields.get("stream"):
+        raise BadRequest("include_progress: progress is sent on a stream only; set stream to "
+                         "true or leave include_progress unset")
     chat_body = {k: v for k, v in fields.items()
-                 if k not in ("prompt",) + ROLLOUT_ARTIFACTS + LOGPROB_OPTIONS}
+                 if k not in ("prompt", "include_progress") + ROLLOUT_ARTIFACTS + LOGPROB_OPTIONS}
     chat_body["messages"] = messages
     req = parse_chat_request(chat_body, known_stages=stages)
     return ParsedGenerate(req.rid, req.stream, req.messages, req.sampling, req.stage_params,
-                          req.stage_sampling, chat_body)
+                          req.stage_sampling, chat_body, req.model, include_progress)

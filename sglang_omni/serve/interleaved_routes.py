@@ -9,7 +9,7 @@ loop).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -20,20 +20,27 @@ from sglang_omni.errors import BadRequest
 from sglang_omni.media import check_chat_request
 from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
 from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
 from sglang_omni.serve.chat_request import parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.generate_request import parse_generate_request
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
-from sglang_omni.serve.mode_routes import ModeRoutes
-from sglang_omni.serve.responses import json_response_off_loop
+from sglang_omni.serve.mode_routes import ModeRoutes, check_model
+from sglang_omni.serve.request_log import note_rid, note_run
+from sglang_omni.serve.responses import json_response, json_response_off_loop
 from sglang_omni.serve.schemas.chat import ChatCompletionRequest, GenerateRequest
-from sglang_omni.serve.schemas.responses import ERRORS, ChatCompletion, GenerateResponse
+from sglang_omni.serve.schemas.responses import (
+    MODEL_ERRORS,
+    ChatCompletion,
+    GenerateResponse,
+    Queue,
+)
 from sglang_omni.serve.sse import sse_response
 from sglang_omni.serve.typed_route import omni_router
 from sglang_omni.serve.umm_wire import chat_json, chat_sse, collect, generate_json, generate_sse
 
-Events = AsyncIterator[Segment | Complete]
+Events = AsyncIterator[Segment | Complete] | AsyncIterator[Segment | Complete | Progress]
 STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"}}}
 
 
@@ -55,18 +62,22 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
                                     where="stage_params.generation.", feeds_reasoner=True,
                                     multiple=multiple)
             history_size = await asyncio.to_thread(history_bytes, messages)
-            return orchestrator.open_interleaved(UMMRequest(
+            run = orchestrator.open_interleaved(UMMRequest(
                 rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
                 stage_sampling=stage_sampling, media_policy=orchestrator.policy,
                 history_size=history_size))
+            note_run(run)
+            return run
         except BaseException:
             orchestrator.ids.forget(rid)
             raise
 
     async def respond(request: Request, run: UMMRun,
                       stream_form: Callable[[Events], AsyncIterator[str]] | None,
-                      json_form: Callable[[Complete], Any]) -> Response:
-        events = orchestrator.interleaved_events(run)
+                      json_form: Callable[[Complete], Any], progress: bool = False) -> Response:
+        events: AsyncGenerator[Any, None] = orchestrator.interleaved_events(run)
+        if progress:  # subscribed before the first dispatch runs, so no event is missed
+            events = with_progress(events, orchestrator.progress[run.request.rid].subscribe())
         if stream_form is not None:
             # An async function: Starlette runs a sync background function in a worker
             # thread, and the orchestrator's state belongs to the event loop.
@@ -86,11 +97,12 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         return await json_response_off_loop(lambda: json_form(done))
 
     @router.post("/v1/chat/completions", responses={
-        200: {"model": ChatCompletion, "content": STREAM_DOC}, **ERRORS})
+        200: {"model": ChatCompletion, "content": STREAM_DOC}, **MODEL_ERRORS})
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         """An interleaved request in the OpenAI chat shape: every segment in order (streamed
         as ``delta.segment`` chunks with ``stream: true``)."""
         req = parse_chat_request(body, known_stages=stage_names)
+        check_model(req.model, served_name)
         check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
         orchestrator.check_healthy()
         model = req.model or served_name
@@ -100,25 +112,37 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         if req.extra.get("logprobs") or req.extra.get("return_logprob"):
             raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
         rid = orchestrator.ids.claim(req.rid)
+        note_rid(rid)
         run = await open_run(rid, req.messages, req.sampling, req.stage_params,
                              req.stage_sampling)
         stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
             if req.stream else None
-        return await respond(request, run, stream_form, lambda done: chat_json(rid, model, done))
+        return await respond(request, run, stream_form, lambda done: chat_json(rid, model, done),
+                             req.include_progress)
 
     @router.post("/generate", responses={
-        200: {"model": GenerateResponse, "content": STREAM_DOC}, **ERRORS})
+        200: {"model": GenerateResponse, "content": STREAM_DOC}, **MODEL_ERRORS})
     async def generate(request: Request, body: GenerateRequest) -> Response:
         """An interleaved request: ``event: segment`` per segment, then ``event: complete``
         (or one JSON body with ``stream: false``)."""
         req = parse_generate_request(body, stage_names)
+        check_model(req.model, served_name)
         check_chat_request(req.chat_body, orchestrator.policy)
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
+        note_rid(rid)
         run = await open_run(rid, req.messages, req.sampling, req.stage_params,
                              req.stage_sampling)
         return await respond(request, run,
                              (lambda ev: generate_sse(ev, rid)) if req.stream else None,
-                             lambda done: generate_json(rid, done))
+                             lambda done: generate_json(rid, done), req.include_progress)
+
+    @router.get("/v1/queue", responses={200: {"model": Queue}})
+    async def queue() -> Response:
+        """The admission and deadline plan: every running request's phase, allowance and
+        planned finish, in generation-stage order, and the planner's measured times."""
+        return json_response({"active": len(orchestrator.active),
+                              "max_active": orchestrator.max_active,
+                              **orchestrator.scheduler.report()})
 
     return ModeRoutes(router)

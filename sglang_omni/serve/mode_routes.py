@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body
 
-from sglang_omni.errors import BadRequest
+from sglang_omni.errors import BadRequest, NotFound
 from sglang_omni.serve.validation import NOT_AN_OBJECT
 
 
@@ -42,3 +42,12 @@ def refuse_generate(router: APIRouter, config_cls: str) -> None:
                              "pipeline (Cosmos3UMMPipelineConfig); set stream to false")
         raise BadRequest(f"/generate is served by the interleaved pipeline; this server runs "
                          f"{config_cls}")
+
+
+def check_model(requested: Any, served_name: str) -> None:
+    """404 (OpenAI's answer to an unknown model) unless ``requested`` is unset or the served
+    model's name (``--model-name``, else the checkpoint path; ``GET /v1/models`` lists it)."""
+    if requested is None or requested == served_name:
+        return
+    raise NotFound(f"model: {requested!r} is not served here; this server serves "
+                   f"{served_name!r} (GET /v1/models): send that name or leave model unset")

@@ -26,6 +26,7 @@ from starlette.responses import StreamingResponse
 
 from sglang_omni.errors import OmniError, ServerError
 from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.request_log import note_failure
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -45,10 +46,13 @@ def sse_event(event: str, obj: Any) -> str:
 
 def stream_error(exc: Exception, rid: str | None = None) -> OmniError:
     """The error a stream reports for ``exc``: itself if an OmniError, else the generic 500
-    (the traceback is logged here; the exception's text is never sent)."""
+    (the traceback is logged here; the exception's text is never sent). The request's record
+    (:mod:`.request_log`) takes its status."""
     if isinstance(exc, OmniError):
+        note_failure(exc.status)
         return exc
     log.error("stream of request %s failed unexpectedly", rid or "?", exc_info=exc)
+    note_failure(ServerError.status)
     return ServerError(GENERIC_500)
 
 

@@ -1,5 +1,8 @@
 """Wire forms of interleaved results: ``/generate`` SSE and JSON, and chat segments.
 
+Progress events (only when the client asked for them) are ``event: progress`` on ``/generate``
+and chunks with ``choices[0].delta.progress`` on chat.
+
 Media segments are base64- and JSON-encoded off the event loop (a segment carries up to 8 MiB);
 the stream generators end with an error and ``[DONE]`` whatever is raised.
 """
@@ -13,8 +16,10 @@ from functools import partial
 from typing import Any
 
 from sglang_omni.errors import OmniError
+from sglang_omni.pipeline.progress import Progress
 from sglang_omni.pipeline.umm import TEXT, Complete, Segment
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
+from sglang_omni.serve.request_log import note_segment
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event, stream_error
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -75,13 +80,18 @@ async def encoded(segment: Segment, encode: Callable[[], str]) -> str:
     return await asyncio.to_thread(encode)
 
 
-async def generate_sse(events: AsyncIterator[Segment | Complete],
-                       rid: str | None = None) -> AsyncIterator[str]:
+Events = AsyncIterator[Segment | Complete] | AsyncIterator[Segment | Complete | Progress]
+
+
+async def generate_sse(events: Events, rid: str | None = None) -> AsyncIterator[str]:
     """``event: segment`` per segment, ``event: complete`` with references, then ``[DONE]``;
     a failure (any exception) sends ``event: error`` instead of ``complete``."""
     try:
         async for event in events:
-            if isinstance(event, Segment):
+            if isinstance(event, Progress):
+                yield sse_event("progress", event.wire())
+            elif isinstance(event, Segment):
+                note_segment()
                 yield await encoded(event, partial(_segment_event, event))
             else:
                 yield sse_event("complete", {
@@ -95,9 +105,11 @@ async def generate_sse(events: AsyncIterator[Segment | Complete],
     yield SSE_DONE
 
 
-async def collect(events: AsyncIterator[Segment | Complete]) -> Complete:
+async def collect(events: Events) -> Complete:
     async for event in events:
-        if isinstance(event, Complete):
+        if isinstance(event, Segment):
+            note_segment()
+        elif isinstance(event, Complete):
             return event
     raise RuntimeError("the interleaved run ended without completing")
 
@@ -115,13 +127,16 @@ def chat_json(rid: str, model: str, done: Complete) -> dict[str, Any]:
 
 
 async def chat_sse(rid: str, model: str, include_usage: bool,
-                   events: AsyncIterator[Segment | Complete]) -> AsyncIterator[str]:
+                   events: Events) -> AsyncIterator[str]:
     """Chat chunks: each segment as ``delta.segment`` (text also as ``delta.content``); a
     failure (any exception) sends ``{"error": ...}`` before ``[DONE]``."""
     yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
     try:
         async for event in events:
-            if isinstance(event, Segment):
+            if isinstance(event, Progress):
+                yield sse_data(chunk_body(rid, model, {"progress": event.wire()}))
+            elif isinstance(event, Segment):
+                note_segment()
                 yield await encoded(event, partial(_segment_chunk, rid, model, event))
             else:
                 usage = chat_usage(event.usage) if include_usage else None

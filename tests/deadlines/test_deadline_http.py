@@ -14,6 +14,7 @@ import httpx
 
 from tests.kit import metric, wait_until
 from tests.kit import script as kit_script
+from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_UMM, Server
 
 SMALL = {"width": 32, "height": 32}
@@ -44,6 +45,11 @@ def aborted(server: Server) -> float:
     return metric(server, "generation", "aborted")
 
 
+def refusals(server: Server, reason: str) -> float:
+    """``sgl_omni_admission_refusals_total{reason}`` (docs/operations.md)."""
+    return Scrape(server).value("sgl_omni_admission_refusals_total", reason=reason)
+
+
 def test_refused_when_an_idle_server_would_plan_more() -> None:
     with planned_server(12) as server:
         measure(server)  # image ~1 s, Reasoner turn ~0 s: an idle server plans all 8
@@ -56,6 +62,7 @@ def test_refused_when_an_idle_server_would_plan_more() -> None:
         refused = generate(server, "hello")
         assert refused.status_code == 503, refused.text
         assert "retry later" in refused.json()["error"]["message"]
+        assert refusals(server, "plan") == 1
         thread.join(60)
         assert busy["resp"].status_code == 200
         assert [s["kind"] for s in busy["resp"].json()["segments"]] == ["image"] * 8 + ["text"]
@@ -88,5 +95,6 @@ def test_fail_fast_503_cancels_the_generation() -> None:
         message = resp.json()["error"]["message"]
         assert "retry later" in message
         assert took < 11.5  # before timeout_s (12 s) would have ended it
+        assert refusals(server, "deadline") == 1 and refusals(server, "plan") == 0
         wait_until(lambda: aborted(server) >= before + 1, timeout=5)
         assert aborted(server) == before + 1

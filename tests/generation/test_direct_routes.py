@@ -66,7 +66,7 @@ def test_image_route_takes_extra_params_and_guardrails(server: Server) -> None:
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("output_path", "/tmp/x", "output folders"),
     ("n", 2, "exactly one media item"),
-    ("response_format", "url", "b64_json only"),
+    ("response_format", "png", "expected b64_json or url"),
     ("output_format", "jpeg", "PNG"),
     ("width", "wide", "width: expected int"),
     ("num_frames", 5, "not a field of /v1/images/generations"),
@@ -195,10 +195,14 @@ def test_action_route_refusals_and_failures(server: Server, body: dict, status: 
     assert says in error_of(resp)["message"]
 
 
-def test_action_route_takes_json_only(server: Server) -> None:
-    resp = HTTP.post(f"{server.url}/v1/actions/generations", content=b"\x80",
+def test_action_route_reads_json_forms_and_msgpack_only(server: Server) -> None:
+    resp = HTTP.post(f"{server.url}/v1/actions/generations", content=b"\xc1",
                      headers={"content-type": "application/msgpack"})
-    assert resp.status_code == 415 and "JSON" in error_of(resp)["message"]
+    assert resp.status_code == 400 and "not valid msgpack" in error_of(resp)["message"]
+    resp = HTTP.post(f"{server.url}/v1/actions/generations", content=b"x",
+                     headers={"content-type": "text/plain"})
+    assert resp.status_code == 415
+    assert "application/msgpack" in error_of(resp)["message"]
 
 
 # --- the routes this pipeline does not serve ---------------------------------------------------

@@ -11,5 +11,5 @@ from tests.umm.kit import umm_server
 
 @pytest.fixture(scope="session")
 def server():
-    with umm_server("--generation.factory.step_time_s", "0.02") as srv:
+    with umm_server("--generation.factory.step_time_s", "0.02", "--model-name", "cosmos3") as srv:
         yield srv

@@ -23,7 +23,7 @@ CONFIG = Path(__file__).parents[2] / "configs" / "cpu-scripted.yaml"
 
 
 def toy_adapter() -> type:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    blocks = re.findall(r"```python[^\n]*\n(.*?)```", DOC.read_text(), re.DOTALL)
     source = next(b for b in blocks if "class PaintThenDescribe" in b)
     namespace: dict[str, Any] = {}
     exec(compile(source, str(DOC), "exec"), namespace)  # noqa: S102 - our own docs

@@ -22,7 +22,7 @@ GOOD = {"authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[Server]:
-    with Server(*SCRIPTED_UMM, "--api-key", KEY) as server:
+    with Server(*SCRIPTED_UMM, "--api-key", KEY, "--model-name", "m") as server:
         yield server
 
 
@@ -110,10 +110,14 @@ def test_direct_video_route_refuses_what_the_stage_cannot_carry(direct: Server, 
     assert listing.status_code == 200 and listing.json()["data"] == []
 
 
-def test_direct_routes_refuse_non_json(direct: Server) -> None:
-    resp = HTTP.post(f"{direct.url}/v1/actions/generations", content=b"\x80", headers={
+def test_direct_routes_refuse_formats_they_do_not_read(direct: Server) -> None:
+    resp = HTTP.post(f"{direct.url}/v1/images/generations", content=b"\x80", headers={
         **GOOD, "content-type": "application/msgpack"})
     assert resp.status_code == 415 and "JSON" in error_of(resp)["message"]
+    resp = HTTP.post(f"{direct.url}/v1/videos", content=b"x", headers={
+        **GOOD, "content-type": "text/plain"})
+    assert resp.status_code == 415
+    assert "application/json, multipart/form-data" in error_of(resp)["message"]
 
 
 def test_a_websocket_without_the_key_is_closed_with_1008() -> None:

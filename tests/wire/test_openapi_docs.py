@@ -21,6 +21,7 @@ BODIES: dict[str, dict[str, tuple[str, ...]]] = {
     "chat": {"/v1/chat/completions": ("messages", "response_format", "max_tokens", "stop")},
     "generation": {"/v1/images/generations": ("prompt", "size", "width", "seed",
                                               "num_inference_steps"),
+                   "/v1/images/edits": ("prompt", "image", "url", "size", "response_format"),
                    "/v1/videos": ("prompt", "num_frames", "fps", "input_reference", "seconds"),
                    "/v1/actions/generations": ("input", "parameters")},
 }

@@ -87,7 +87,9 @@ class SchemaConstraint:
         import torch
 
         generated = input_ids.shape[1] - self.prompt_len
-        self._consume(input_ids[0].tolist())
+        # Only the tokens not consumed yet cross to the host (one per step, not the sequence).
+        start = self.prompt_len + self.consumed
+        self._consume_tail(input_ids[0, start:].tolist())
         words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(words, bitorder="little")[:self.vocab.size].astype(bool)
         if self.max_new_tokens - generated <= CLOSING_RESERVE:
@@ -110,7 +112,10 @@ class SchemaConstraint:
         return allowed
 
     def _consume(self, ids: list[int]) -> None:
-        for token in ids[self.prompt_len + self.consumed:]:
+        self._consume_tail(ids[self.prompt_len + self.consumed:])
+
+    def _consume_tail(self, tokens: list[int]) -> None:
+        for token in tokens:
             self.consumed += 1
             if token in self.vocab.eos_ids:
                 break

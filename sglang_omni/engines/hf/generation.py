@@ -9,9 +9,15 @@ is cancelled, which stops the call at once (no further step, no VAE decode) and 
 pipeline usable. It also emits ``{"step", "steps"}`` progress. One pipeline object must not run
 two calls at once, so calls run one at a time on the model thread.
 
+Denoising: on a GPU, ``denoise.generate`` (the text pathway once per request, the two guidance
+passes batched, the step replayed as a CUDA graph; outputs equal to stock within bfloat16
+rounding) where it applies, stock ``__call__`` elsewhere (sound, guardrails) and on the CPU. On a
+GPU the engine warms up before it reports ready (a small image and video).
+
 Engine options (``stages.generation.engine``): ``dtype`` (auto: float32 on the CPU, bfloat16 on
-a GPU) and ``defaults`` (generation options used where a request leaves them unset, e.g.
-``{num_inference_steps: 4}`` for a CPU demo).
+a GPU), ``defaults`` (generation options used where a request leaves them unset, e.g.
+``{num_inference_steps: 4}`` for a CPU demo) and ``denoiser`` (``auto``: ``fast`` on a GPU,
+``stock`` on the CPU).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from sglang_omni.engines.generation_options import (
     check_generation_options,
 )
 from sglang_omni.engines.guardrails import guardrails_state
+from sglang_omni.engines.hf import denoise
+from sglang_omni.engines.hf.action import run_action, wants_action
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -47,7 +55,10 @@ from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 
-DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}}
+DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}, "denoiser": "auto"}
+DENOISERS = ("auto", "fast", "stock")
+WARM_UP = (("image", {"width": 256, "height": 256, "num_inference_steps": 2}),
+           ("video", {"width": 256, "height": 256, "num_frames": 9, "num_inference_steps": 2}))
 SIZE_MULTIPLE = 16
 
 
@@ -79,6 +90,10 @@ class HFGenerator(ThreadedModelEngine):
             self.defaults = check_generation_options(defaults)
         except BadRequest as exc:
             raise RuntimeError(f"stages.{spec.stage}.engine.defaults: {exc.message}") from None
+        if self.options["denoiser"] not in DENOISERS:
+            raise RuntimeError(f"stages.{spec.stage}.engine.denoiser: "
+                               f"{self.options['denoiser']!r} is not one of "
+                               f"{', '.join(DENOISERS)}")
         self.policy = policy_from_spec(spec.media_policy)
         self.thread = ModelThread(f"{spec.stage}-model")
 
@@ -98,16 +113,26 @@ class HFGenerator(ThreadedModelEngine):
             getattr(self.pipe, "sound_tokenizer", None) is not None
         self.has_action = bool(getattr(config, "action_gen", False))
         self.base_flow_shift = getattr(self.pipe.scheduler.config, "flow_shift", None)
-        log.info("hf generator: %s loaded on %s (%s) in %.1f s; sound %s; guardrails %s",
-                 self.spec.model_path, self.device, dtype, time.perf_counter() - started,
-                 "yes" if self.has_sound else "no", "on" if guardrails else "off")
+        denoiser = self.options["denoiser"]
+        if denoiser == "auto":
+            denoiser = "fast" if self.device.type == "cuda" else "stock"
+        self.fast = denoiser == "fast"
+        loaded = time.perf_counter() - started
+        if self.device.type == "cuda":
+            for modality, options in WARM_UP:
+                self._denoise(Job("warmup", {}, [], emit=lambda _: None),
+                              self._plan(modality, "warm up", options))
+        log.info("hf generator: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; sound %s; "
+                 "guardrails %s; denoiser %s; pid %d", self.spec.model_path, self.device, dtype,
+                 loaded, time.perf_counter() - started - loaded,
+                 "yes" if self.has_sound else "no", "on" if guardrails else "off", denoiser,
+                 os.getpid())
 
     async def run(self, job: Job) -> StageResult:
         payload = cast(GenerationPayload, job.payload)
         modality = payload.get("modality", "image")
-        if modality == "action":
-            raise BadRequest("the hf backend does not serve the action route; use the native "
-                             "backend")
+        if wants_action(payload):  # the action route, or a forward-dynamics video
+            return await run_action(self, job)
         if modality not in ("image", "video"):
             raise BadRequest(f"modality: expected image or video, got {modality!r}")
         options = {**self.defaults, **check_generation_options(payload.get("options"))}
@@ -193,10 +218,21 @@ class HFGenerator(ThreadedModelEngine):
         if call.flow_shift is not None and call.flow_shift != self.base_flow_shift:
             self.pipe.scheduler = type(scheduler).from_config(scheduler.config,
                                                               flow_shift=call.flow_shift)
+        fast = self.fast and denoise.unsupported(self.pipe, call.kwargs) is None
+        kw = call.kwargs
+        log.info("hf generator: request %s: %s %dx%d, %d frames, %d steps (%s): started",
+                 job.rid, call.modality, kw["width"], kw["height"], kw["num_frames"], steps,
+                 "fast" if fast else "stock")
+        started = time.perf_counter()
+        generator = torch.Generator("cpu").manual_seed(call.seed)
         try:
-            output = self.pipe(
-                **call.kwargs, generator=torch.Generator("cpu").manual_seed(call.seed),
-                callback_on_step_end=on_step_end, callback_on_step_end_tensor_inputs=["latents"])
+            if fast:
+                output = denoise.generate(self.pipe, call.kwargs, generator, on_step_end,
+                                          graphs=self.device.type == "cuda")
+            else:
+                output = self.pipe(
+                    **call.kwargs, generator=generator, callback_on_step_end=on_step_end,
+                    callback_on_step_end_tensor_inputs=["latents"])
         except ValueError as exc:
             if "Guardrail" in str(exc):
                 return f"the Cosmos guardrail refused the prompt ({exc})"
@@ -206,11 +242,22 @@ class HFGenerator(ThreadedModelEngine):
             return f"out of GPU memory ({exc})"
         finally:
             self.pipe.scheduler = scheduler
+        self._log_done(job, time.perf_counter() - started)
         video = output.video
         if video is None or len(video) == 0:
             return "the pipeline returned no frames (the video guardrail may have blocked them)"
         sound = output.sound.float().cpu().numpy() if output.sound is not None else None
         return video, sound
+
+    def _log_done(self, job: Job, seconds: float) -> None:
+        """One line per generation (benchmarks/serve_gpu.py reads it): time, peak memory."""
+        import torch
+
+        peak = ""
+        if self.device.type == "cuda":
+            peak = f"; peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+        log.info("hf generator: request %s: denoised and decoded in %.3f s%s", job.rid, seconds,
+                 peak)
 
     def _sample_rate(self) -> int:
         return int(self.pipe.sound_tokenizer.config.sampling_rate)

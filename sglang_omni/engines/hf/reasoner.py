@@ -6,13 +6,21 @@ format) is enforced token by token (``constrained``), so decisions are valid JSO
 random weights. Streaming emits ``{"text": delta}`` chunks as tokens arrive; an abort stops
 decoding at the next token.
 
+Decoding: on a GPU each token is one replay of a CUDA graph over a static KV cache
+(``static_decode``, ``decode_loop``: the same processors, constraint and stopping rules as
+``generate``); on the CPU, ``generate`` itself. On a GPU the engine warms up before it reports
+ready: a short multimodal turn under a JSON schema (kernels, the llguidance vocabulary) and the
+graphs of the first cache sizes.
+
 Engine options (``stages.reasoner.engine``): ``dtype`` (auto: float32 on the CPU, bfloat16 on a
-GPU), ``max_new_tokens`` (plain replies when the client sets no length, 1024) and
-``max_structured_tokens`` (the budget of a JSON-schema reply, 2048).
+GPU), ``max_new_tokens`` (plain replies when the client sets no length, 1024),
+``max_structured_tokens`` (the budget of a JSON-schema reply, 2048) and ``decoder`` (``auto``:
+``graphs`` on a GPU, ``generate`` on the CPU; ``static``: the static cache without graphs).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, cast
 
@@ -33,13 +41,17 @@ from sglang_omni.engines.hf.constrained import (
     schema_of,
 )
 from sglang_omni.engines.hf.conversation import Conversation, read_conversation
+from sglang_omni.engines.hf.decode_loop import static_generate, supports
+from sglang_omni.engines.hf.static_decode import StaticDecoder
 from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.settings import policy_from_spec
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "max_new_tokens": 1024,
-                            "max_structured_tokens": 2048}
+                            "max_structured_tokens": 2048, "decoder": "auto"}
+DECODERS = ("auto", "generate", "static", "graphs")
+WARM_CACHE_SIZES = (1024, 2048, 4096, 8192)
 TURN_SEED_STRIDE = 1_000_003
 LENGTH_KEYS = ("max_tokens", "max_completion_tokens", "max_new_tokens")
 PASSED = {"top_p": "top_p", "min_p": "min_p",
@@ -60,6 +72,9 @@ class HFReasoner(ThreadedModelEngine):
         if int(self.options["max_structured_tokens"]) < MIN_BUDGET:
             raise RuntimeError(f"stages.{spec.stage}.engine.max_structured_tokens: at least "
                                f"{MIN_BUDGET}")
+        if self.options["decoder"] not in DECODERS:
+            raise RuntimeError(f"stages.{spec.stage}.engine.decoder: "
+                               f"{self.options['decoder']!r} is not one of {', '.join(DECODERS)}")
         self.policy = policy_from_spec(spec.media_policy)
         self.thread = ModelThread(f"{spec.stage}-model")
 
@@ -71,16 +86,42 @@ class HFReasoner(ThreadedModelEngine):
         dtype = torch_dtype(self.options["dtype"], self.device)
         self.processor = AutoProcessor.from_pretrained(self.model_path)
         self.tokenizer = self.processor.tokenizer
+        placement = {"device_map": str(self.device)} if self.device.type == "cuda" else {}
         self.model = AutoModelForImageTextToText.from_pretrained(
-            self.model_path, dtype=dtype).to(self.device).eval()
+            self.model_path, dtype=dtype, **placement).to(self.device).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         if not self.eos_ids:
             self.eos_ids = [self.tokenizer.eos_token_id]
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._vocab: Vocabulary | None = None
-        log.info("hf reasoner: %s loaded on %s (%s) in %.1f s", self.spec.model_path,
-                 self.device, dtype, time.perf_counter() - started)
+        mode = self.options["decoder"]
+        if mode == "auto":
+            mode = "graphs" if self.device.type == "cuda" else "generate"
+        self.decoder = None if mode == "generate" else StaticDecoder(self.model, mode == "graphs")
+        loaded = time.perf_counter() - started
+        if self.device.type == "cuda":
+            self._warm_up()
+        log.info("hf reasoner: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; decoder %s; "
+                 "pid %d", self.spec.model_path, self.device, dtype, loaded,
+                 time.perf_counter() - started - loaded, mode, os.getpid())
+
+    def _warm_up(self) -> None:
+        """One short turn with an image under a JSON schema, then the decode graphs of the
+        first cache sizes, so the first request does not pay for kernels and captures."""
+        from PIL import Image
+
+        conversation = Conversation(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi."}]}],
+            images=[Image.new("RGB", (64, 64), (128, 128, 128))])
+        schema = {"type": "object", "properties": {"a": {"type": "string"}},
+                  "required": ["a"], "additionalProperties": False}
+        settings = {"max_new_tokens": MIN_BUDGET, "logprobs": False, "top_logprobs": 0,
+                    "stop": None, "seed": None}
+        if self.decoder is not None:  # first: the graphs' cache holds the warm-up turn too
+            self.decoder.capture(WARM_CACHE_SIZES)
+        self._generate(Job("warmup", {}, [], emit=lambda _: None), conversation, schema,
+                       settings)
 
     def _vocabulary(self) -> Vocabulary:
         if self._vocab is None:
@@ -206,8 +247,14 @@ class HFReasoner(ThreadedModelEngine):
             # on every turn would make every decision the same draw.
             turn = int(job.payload.get("turn_index") or 0)
             torch.manual_seed(settings["seed"] + TURN_SEED_STRIDE * turn)
+        started = time.perf_counter()
+        decoder = self.decoder if supports(kwargs) else None
+        fast = decoder is not None
         with torch.inference_mode():
-            output = self.model.generate(**inputs.to(self.device), **kwargs)
+            if decoder is not None:
+                output = static_generate(decoder, inputs.to(self.device), **kwargs)
+            else:
+                output = self.model.generate(**inputs.to(self.device), **kwargs)
         if job.cancelled.is_set():
             raise JobCancelled()
         logits = None
@@ -231,7 +278,20 @@ class HFReasoner(ThreadedModelEngine):
         }
         if logits is not None:
             result["logprobs"] = self._logprobs(new, logits, settings["top_logprobs"])
+        self._log_turn(job, prompt_len, len(new), time.perf_counter() - started, fast)
         return StageResult(result)
+
+    def _log_turn(self, job: Job, prompt_len: int, new: int, seconds: float,
+                  fast: bool) -> None:
+        """One line per turn (benchmarks/serve_gpu.py reads it): tokens, time, peak memory."""
+        import torch
+
+        peak = ""
+        if self.device.type == "cuda":
+            peak = f"; peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+        log.info("hf reasoner: request %s: %d prompt + %d new tokens in %.3f s (%.1f tokens/s, "
+                 "%s)%s", job.rid, prompt_len, new, seconds, new / max(seconds, 1e-9),
+                 "static" if fast else "generate", peak)
 
     def _logprobs(self, new: list[int], logits: Any, top: int) -> dict[str, Any]:
         """OpenAI chat ``logprobs``: each generated token's log probability under the model's

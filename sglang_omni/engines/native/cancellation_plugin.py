@@ -10,7 +10,9 @@ denoising loop of the pinned SGLang release act on it:
 * around ``Cosmos3DenoisingStage._denoise_once`` (one denoising loop): makes the batch's output
   folder the loop's request and checks for the marker before the first step;
 * before ``Cosmos3OmniTransformer.set_denoising_step`` (the head of every step): raises
-  :class:`GenerationCancelled` when the loop's request is cancelled.
+  :class:`GenerationCancelled` when the loop's request is cancelled, and otherwise records the
+  step in the folder's :data:`PROGRESS_FILE` (``"step steps"``, steps done so far), which the
+  stage reads to report progress (:func:`read_progress`).
 
 Native SGLang turns the exception into a failed request and keeps the worker serving, so the
 worker is free again within about one denoising step. The hooks assume one worker per
@@ -35,6 +37,7 @@ from typing import Any
 PLUGIN_NAME = "omni_generation_cancellation"
 ENTRY_POINT_GROUP = "sglang.multimodal_gen.plugins"
 CANCEL_MARKER = ".omni-cancelled"
+PROGRESS_FILE = ".omni-progress"
 #: Set by the stage for its workers: where each worker reports that it registered the hooks.
 STATUS_DIR_ENV = "SGLANG_OMNI_CANCELLATION_STATUS_DIR"
 
@@ -76,6 +79,29 @@ def denoising_request(folder: str | None) -> Iterator[None]:
         _loop_folder.reset(token)
 
 
+def report_step(folder: str | None, step: int | None, steps: int | None) -> None:
+    """Record that ``step`` of ``steps`` denoising steps are done (atomically; best effort)."""
+    if not folder or step is None:
+        return
+    path = os.path.join(folder, PROGRESS_FILE)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(f"{int(step)} {int(steps) if steps is not None else 0}")
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError, TypeError):
+        return  # progress is a report, never a failure
+
+
+def read_progress(folder: str | os.PathLike[str]) -> tuple[int, int | None] | None:
+    """``(step, steps)`` last recorded in ``folder`` (``steps`` None when unknown), or None."""
+    try:
+        with open(os.path.join(folder, PROGRESS_FILE), encoding="utf-8") as f:
+            step, steps = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return step, steps or None
+
+
 def _stop_if_cancelled(where: str) -> None:
     folder = _loop_folder.get()
     if cancel_requested(folder):
@@ -93,8 +119,10 @@ def around_denoise_loop(original: Callable[..., Any], stage: Any, batch: Any, *a
 
 def before_denoising_step(transformer: Any, step_index: int | None = None,
                           num_steps: int | None = None) -> None:
-    """BEFORE hook of ``set_denoising_step``: stop a cancelled request at this step's head."""
+    """BEFORE hook of ``set_denoising_step``: stop a cancelled request at this step's head;
+    else record the steps done so far (``step_index``, 0-based, is the step starting)."""
     _stop_if_cancelled(f"at denoising step {step_index} of {num_steps}")
+    report_step(_loop_folder.get(), step_index, num_steps)
 
 
 def register() -> None:

@@ -35,7 +35,7 @@ from typing import Any, cast
 from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.generation_options import DEFAULT_FPS, OPTIONS
 from sglang_omni.engines.guardrails import guardrails_state
-from sglang_omni.engines.native.cancellation_plugin import request_cancel
+from sglang_omni.engines.native.cancellation_plugin import read_progress, request_cancel
 from sglang_omni.engines.native.cancellation_plugin_site import CancellationPluginSite
 from sglang_omni.engines.native.generation_cancellation import (
     CancellationPlan,
@@ -65,6 +65,8 @@ from sglang_omni.media.settings import policy_from_spec
 log = logging.getLogger("sglang_omni.native_generation")
 
 MODALITIES = ("image", "video", "action")
+#: Seconds between reads of the denoising step the plugin recorded (progress chunks).
+PROGRESS_POLL_S = 0.25
 PARALLEL_ARGS = ("num_gpus", "tp_size", "sp_degree", "ulysses_degree", "ring_degree")
 
 
@@ -275,11 +277,19 @@ class NativeGenerator:
         return out
 
     async def _native(self, job: Job, work: Callable[[], Any], folder: Path) -> Any:
-        """Run ``work`` on a thread; on abort, stop it as planned and wait until it ended."""
+        """Run ``work`` on a thread; on abort, stop it as planned and wait until it ended.
+        Meanwhile the steps the plugin records in ``folder`` are emitted as progress."""
         assert self._death is not None
         call = _on_thread(work)
+        reported: tuple[int, int | None] | None = None
         try:
-            await asyncio.wait({call, self._death}, return_when=asyncio.FIRST_COMPLETED)
+            while not (call.done() or self._death.done()):
+                await asyncio.wait({call, self._death}, timeout=PROGRESS_POLL_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                step = read_progress(folder)
+                if step is not None and step != reported:
+                    reported = step
+                    job.emit({"step": step[0], "steps": step[1]})
         except asyncio.CancelledError:
             await self._stop(job.rid, call, folder)
             raise

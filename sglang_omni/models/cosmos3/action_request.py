@@ -32,6 +32,8 @@ FIELDS: dict[str, tuple[tuple[type, ...], bool, bool]] = {
     "generate_sound": ((bool, str), True, False), "enable_sound": ((bool, str), True, False),
 }
 CONTAINERS = ("input", "parameters", "runtime")
+#: ``runtime.response_format``: native's whole envelope, or the model's raw output.
+RESPONSE_FORMATS = ("envelope", "raw")
 IMAGE_KEYS = ("image", "image_path", "input_reference")
 VIDEO_KEYS = ("video", "video_path")
 
@@ -98,6 +100,7 @@ def check_action_request(body: dict[str, Any], check_media: Any) -> dict[str, An
     """A checked copy of an action-route body; ``check_media(ref, label=...)`` is the media
     policy's check of every path or URL. BadRequest (400) names the field at fault."""
     body = copy.deepcopy(body)
+    response_format(body)
     for prefix, container in list(_containers(body)):
         for key, spec in FIELDS.items():
             if key in container:
@@ -115,6 +118,16 @@ def check_action_request(body: dict[str, Any], check_media: Any) -> dict[str, An
         for name, value in images.items():
             images[name] = _media(f"{prefix}images.{name}", value, False, check_media)
     return body
+
+
+def response_format(body: dict[str, Any]) -> str:
+    """``runtime.response_format`` of a body (``envelope`` by default); 400 for another."""
+    runtime = body.get("runtime")
+    value = runtime.get("response_format") if isinstance(runtime, dict) else None
+    chosen = "envelope" if value is None else str(value).lower()
+    if chosen not in RESPONSE_FORMATS:
+        raise BadRequest(f"runtime.response_format: must be 'envelope' or 'raw', got {value!r}")
+    return chosen
 
 
 def action_options(body: dict[str, Any]) -> dict[str, Any]:

@@ -155,13 +155,22 @@ def build_tiny_checkpoint(path: str | os.PathLike[str], seed: int = DEFAULT_SEED
     Writes into a temporary sibling folder first and renames it, so a reader never sees a half
     built checkpoint. Returns ``path``.
     """
+    return build_into(path, lambda work: _build(work, seed, sound))
+
+
+def build_into(path: str | os.PathLike[str], build: Any) -> Path:
+    """Run ``build(folder)`` on a temporary sibling of ``path``, then rename it to ``path``.
+
+    ``path`` must not hold a checkpoint already (FileExistsError); an empty folder is replaced.
+    A reader never sees a half built checkpoint; a failed build leaves nothing behind.
+    """
     target = Path(path)
     if (target / "model_index.json").exists():
         raise FileExistsError(f"{target} already holds a checkpoint")
     target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".tiny-cosmos3-", dir=target.parent))
+    work = Path(tempfile.mkdtemp(prefix=".cosmos3-", dir=target.parent))
     try:
-        _build(work, seed, sound)
+        build(work)
         try:
             if target.is_dir() and not any(target.iterdir()):
                 target.rmdir()  # an empty folder the caller made
@@ -181,12 +190,13 @@ def _build(root: Path, seed: int, sound: bool) -> None:
     import torch
 
     torch.manual_seed(seed)
-    tokenizer = _tokenizer(seed)
+    tokenizer = make_tokenizer(seed)
     reasoner_tensors = _reasoner(root, tokenizer, seed)
     _generator(root, tokenizer, reasoner_tensors, seed, sound)
 
 
-def _tokenizer(seed: int) -> Any:
+def make_tokenizer(seed: int) -> Any:
+    """The seeded Qwen2-style BPE tokenizer (418 tokens) with the chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from tokenizers.trainers import BpeTrainer
     from transformers import Qwen2Tokenizer
@@ -218,15 +228,9 @@ def _reasoner(root: Path, tokenizer: Any, seed: int) -> dict[str, Any]:
     tensors under the checkpoint's flat names (saved later, once, beside the generator)."""
     import torch
     from safetensors.torch import load_file
-    from transformers import (
-        Cosmos3OmniConfig,
-        Cosmos3OmniForConditionalGeneration,
-        Qwen2VLImageProcessor,
-        Qwen3VLProcessor,
-        Qwen3VLVideoProcessor,
-    )
+    from transformers import Cosmos3OmniConfig, Cosmos3OmniForConditionalGeneration
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    ids = special_token_ids(tokenizer)
     config = Cosmos3OmniConfig(
         text_config={**TEXT_CONFIG, "vocab_size": len(tokenizer),
                      "pad_token_id": ids["<|endoftext|>"]},
@@ -244,15 +248,27 @@ def _reasoner(root: Path, tokenizer: Any, seed: int) -> dict[str, Any]:
         tensors = load_file(os.path.join(scratch, "model.safetensors"))
         for name in ("config.json", "generation_config.json"):
             shutil.copy(os.path.join(scratch, name), root / name)
+    save_processor(root, tokenizer, IMAGE_PIXELS, VIDEO_PIXELS)
+    return tensors
+
+
+def special_token_ids(tokenizer: Any) -> dict[str, int]:
+    return {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+
+
+def save_processor(root: Path, tokenizer: Any, image_pixels: dict[str, int],
+                   video_pixels: dict[str, int]) -> None:
+    """The Qwen3-VL processor (image and video pixel budgets as given) with the tokenizer."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
     common = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
               "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
     processor = Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(size=dict(IMAGE_PIXELS), **common),
-        video_processor=Qwen3VLVideoProcessor(size=dict(VIDEO_PIXELS), cap_pixels_per_frame=True,
+        image_processor=Qwen2VLImageProcessor(size=dict(image_pixels), **common),
+        video_processor=Qwen3VLVideoProcessor(size=dict(video_pixels), cap_pixels_per_frame=True,
                                                **common),
         tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(root)
-    return tensors
 
 
 def _generator(root: Path, tokenizer: Any, reasoner_tensors: dict[str, Any], seed: int,

@@ -59,8 +59,16 @@ PASSED_ON: dict[str, dict[str, Any]] = {
 }
 
 
+#: What the length and stop fields do on each pipeline (the interleaved one accepts them and
+#: never applies them: the decision format bounds every decision's length).
+LENGTH_STOP_NOTE = ("text-only chat: applies to the completion; interleaved pipeline: accepted "
+                    "and ignored, since the decision format bounds every Reasoner decision")
+
+
 def _number_field(key: str) -> Checked:
-    schema = {"type": "integer" if key in INTEGER_FIELDS else "number"}
+    schema: dict[str, Any] = {"type": "integer" if key in INTEGER_FIELDS else "number"}
+    if key in LENGTH_STOP_FIELDS:
+        schema["description"] = LENGTH_STOP_NOTE
     return checked(lambda value: check_number_fields("", {key: value}), schema, key)
 
 
@@ -78,7 +86,8 @@ def _media_list(kind: str) -> Checked:
 SAMPLING_MODEL_FIELDS: dict[str, Any] = {
     **{key: (Annotated[Any, _number_field(key)], None)
        for key in (*NUMBER_FIELDS, *INTEGER_FIELDS)},
-    **{key: (Annotated[Any, documented(PASSED_ON[key])], None)
+    **{key: (Annotated[Any, documented(
+        PASSED_ON[key], LENGTH_STOP_NOTE if key in LENGTH_STOP_FIELDS else "")], None)
        for key in (*SAMPLING_FIELDS, *LENGTH_STOP_FIELDS, *OUTPUT_FIELDS)
        if key not in NUMBER_FIELDS + INTEGER_FIELDS},
 }
@@ -115,7 +124,9 @@ class ChatCompletionRequest(ChatFields):
 
     messages: Annotated[Any, MESSAGES] = Field(..., description="the conversation")
     stream_options: Annotated[Any, OBJECT] = Field(
-        None, description='{"include_usage": true} adds usage to the last chunk')
+        None, description='{"include_usage": true} adds usage to the last chunk; '
+        '{"include_progress": true} (interleaved pipeline) adds chunks with '
+        "choices[0].delta.progress: the Reasoner turn and each generation's steps")
     response_format: Annotated[Any, OBJECT] = Field(
         None, description="text-only chat: a JSON schema or regex constraint; the interleaved "
         "pipeline sets its own")
@@ -143,3 +154,6 @@ class GenerateRequest(GenerateFields):  # type: ignore[misc,valid-type]
 
     prompt: Annotated[Any, STRING] = Field(None, description="the user's request (or messages)")
     messages: Annotated[Any, GENERATE_MESSAGES] = None
+    include_progress: Annotated[Any, BOOLEAN] = Field(
+        None, description="with stream: also send event: progress (the Reasoner turn and each "
+        "generation's steps); off by default")

@@ -4,7 +4,9 @@ Generation options are the native image and video routes' (the table in
 :mod:`sglang_omni.engines.generation_options`, checked by its ``check_option_value``); they may
 also come inside ``extra_params``/``extra_body`` (an object or its JSON text), as native
 accepts. The action route's body is the native action route's; its rules live in
-:mod:`sglang_omni.models.cosmos3.action_request` and run in the route.
+:mod:`sglang_omni.models.cosmos3.action_request` and run in the route. The image edit route
+and the video and action routes also read forms (``serve.body_formats``): an upload arrives
+here as a ``data:`` URL in its field.
 """
 
 from __future__ import annotations
@@ -42,13 +44,17 @@ def _options(keys: tuple[str, ...]) -> dict[str, Any]:
 
 GUARDRAILS = documented({"type": "boolean"}, "the same as use_guardrails")
 ONE = documented({"type": "integer", "enum": [1]}, "one media item per request")
-RESPONSE_FORMAT = documented({"enum": ["b64_json"]}, "images come back as b64_json")
+RESPONSE_FORMAT = documented({"enum": ["b64_json", "url"]}, "b64_json (the default), or url: "
+                             "GET /v1/images/{id}/content serves the image for a while")
 OUTPUT_FORMAT = documented({"enum": ["png"]})
 SECONDS = documented({"type": "integer", "exclusiveMinimum": 0},
                      "length when num_frames is unset (frames = fps x seconds)")
 REFERENCE = documented({"type": "string"}, "an image or video to condition on (a path or URL "
                        "under the media policy, or a data URL)")
 VIDEO_REFERENCE = documented({"type": "string"}, "a video to condition on")
+UPLOADED_VIDEO = documented({"type": "string"}, "a video to condition on (a form upload; in JSON "
+                            "a path or URL under the media policy, or a data URL)")
+STRINGS = documented({"type": "array", "items": {"type": "string"}})
 PLAIN_STRING = documented({"type": "string"})
 OBJECT = {"type": "object"}
 ACTION_INPUT = documented(OBJECT, 'task, prompt and observation media (image/video as a path, '
@@ -89,6 +95,20 @@ class VideoGenerationRequest(_VideoBase):  # type: ignore[misc,valid-type]
     input_reference: Annotated[Any, REFERENCE] = None
     reference_url: Annotated[Any, REFERENCE] = None
     video_url: Annotated[Any, VIDEO_REFERENCE] = None
+    video_reference: Annotated[Any, UPLOADED_VIDEO] = None
+
+
+class ImageEditRequest(_ImageBase):  # type: ignore[misc,valid-type]
+    """``POST /v1/images/edits`` (a form): ``image`` (or ``image[]``) uploads and/or ``url``
+    (or ``url[]``) references, and the image route's fields. Cosmos3 conditions on one image."""
+
+    image: Annotated[Any, STRINGS] = None
+    url: Annotated[Any, STRINGS] = None
+    mask: Annotated[Any, PLAIN_STRING] = None
+    n: Annotated[Any, ONE] = None
+    num_frames: Annotated[Any, ONE] = None
+    response_format: Annotated[Any, RESPONSE_FORMAT] = None
+    output_format: Annotated[Any, OUTPUT_FORMAT] = None
 
 
 class ActionGenerationRequest(WireModel):
@@ -97,6 +117,9 @@ class ActionGenerationRequest(WireModel):
     ``input.observation``) or in ``parameters``; later ones win, as native reads them."""
 
     model: Annotated[Any, PLAIN_STRING] = None
+    request_id: Annotated[Any, PLAIN_STRING] = None
+    prompt: Annotated[Any, PLAIN_STRING] = None
+    task: Annotated[Any, PLAIN_STRING] = None
     input: Annotated[Any, ACTION_INPUT] = None
     parameters: Annotated[Any, ACTION_PARAMETERS] = None
     runtime: Annotated[Any, ACTION_RUNTIME] = None

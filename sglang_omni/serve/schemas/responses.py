@@ -122,6 +122,9 @@ class ModelCard(BaseModel):
     owned_by: str
     root: str | None
     pipeline: str
+    mode: Literal["umm", "chat", "generation"] = Field(
+        description="what the server serves: umm (interleaved), chat (text-only) or generation "
+        "(direct generation)")
 
 
 class ModelList(BaseModel):
@@ -139,7 +142,7 @@ class StageHealth(BaseModel):
 class Health(BaseModel):
     """200 when ``status`` is ``ok``; 503 with ``Retry-After`` otherwise."""
 
-    status: Literal["ok", "stalled", "restarting", "unhealthy"]
+    status: Literal["ok", "starting", "stalled", "restarting", "unhealthy"]
     stages: dict[str, StageHealth]
 
 
@@ -150,3 +153,47 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (413, "body over server.max_body_bytes"),
         (503, "over capacity or a stage is restarting; see Retry-After"),
     )}
+
+
+class Progress(BaseModel):
+    """A progress event, sent only on a stream that asked for it (``include_progress`` on
+    ``/generate``: ``event: progress``; ``stream_options.include_progress`` on chat:
+    ``choices[0].delta.progress``). A Reasoner turn starting: ``stage`` ``reasoner``; a
+    generation step: ``stage`` ``generation`` with its modality, index and steps."""
+
+    stage: Literal["reasoner", "generation"]
+    turn: int = Field(description="the Reasoner turn (1 = the first) running, or that asked "
+                      "for the generation")
+    elapsed_s: float = Field(description="seconds since the request was admitted")
+    modality: Literal["image", "video"] | None = None
+    generation: int | None = Field(None, description="the request's generation (1 = the first)")
+    step: int | None = Field(None, description="denoising steps done (0: started)")
+    steps: int | None = Field(None, description="denoising steps in all (null until the engine "
+                              "says)")
+
+
+class PlannedRequest(BaseModel):
+    rid: str
+    phase: str = Field(description="reasoning, deciding, queued or generating")
+    allowance: int = Field(description="generations the plan still allows")
+    used: int = Field(description="generations queued or run so far")
+    deadline_in_s: float = Field(description="seconds until its timeout_s deadline")
+    finish_in_s: float | None = Field(None, description="when the plan expects it to end "
+                                      "(null before any generation was measured)")
+
+
+class Queue(BaseModel):
+    """The interleaved pipeline's admission and deadline plan, in generation-stage order."""
+
+    active: int
+    max_active: int
+    queued_generations: int
+    plan: list[PlannedRequest]
+    measured: dict[str, Any] = Field(description="the planner's times in seconds: reasoner_s "
+                                     "(longest turn), longest_s and shortest_s by modality")
+
+
+#: Routes that name a model: 404 when it is not the served one.
+MODEL_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERRORS, 404: {"model": ErrorBody, "description": "model: not the served model "
+                    "(GET /v1/models)"}}

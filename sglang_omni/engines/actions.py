@@ -1,0 +1,79 @@
+"""The native Cosmos3 action route as an engine sees it: where its fields are read from, the
+checks native applies before a generation, and the response envelope (``object:
+"action.generation"``). One home for every backend that answers actions (scripted, hf); the
+native backend hands the body to SGLang itself.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_omni.errors import BadRequest
+
+#: The native action route's defaults (``build_cosmos3_action_sampling_params``).
+DEFAULT_HORIZON = 16
+ACTION_MODES = ("policy", "inverse_dynamics")
+
+
+def action_fields(request: dict[str, Any]) -> dict[str, Any]:
+    """The native action route's fields, flattened: body, ``input``, its ``observation``, then
+    ``parameters`` (later ones win), as the native Cosmos3 action route reads them."""
+    fields = {k: v for k, v in request.items() if k not in ("input", "parameters", "runtime")}
+    given = request.get("input")
+    if isinstance(given, dict):
+        fields.update({k: v for k, v in given.items() if k != "observation"})
+        if isinstance(given.get("observation"), dict):
+            fields.update(given["observation"])
+    if isinstance(request.get("parameters"), dict):
+        fields.update(request["parameters"])
+    return fields
+
+
+@dataclass(frozen=True)
+class ActionPlan:
+    """What an action request asks for, after native's checks."""
+
+    mode: str
+    horizon: int
+    domain_name: str | None
+    domain_id: int | None
+    raw_action_dim: int | None
+
+
+def plan_action(fields: dict[str, Any]) -> ActionPlan:
+    """Native's checks of an action request (400 with native's message otherwise)."""
+    mode = str(fields.get("action_mode", "policy")).strip().lower()
+    if mode == "forward_dynamics":
+        raise BadRequest("Cosmos3 forward_dynamics produces video; use /v1/videos instead")
+    if mode not in ACTION_MODES:
+        raise BadRequest("Cosmos3 action endpoint supports action_mode='policy' or "
+                         "'inverse_dynamics'")
+    horizon = int(fields.get("action_horizon", DEFAULT_HORIZON))
+    if horizon <= 0 or horizon % 4:
+        raise BadRequest("Cosmos3 action_horizon must be divisible by 4 so num_frames is "
+                         "compatible with the temporal VAE")
+    domain_name, domain_id = fields.get("domain_name"), fields.get("domain_id")
+    raw_dim = fields.get("raw_action_dim")
+    if domain_id is None and not domain_name:
+        raise BadRequest("Cosmos3 action requests require domain_name or domain_id")
+    if domain_id is not None and not domain_name and raw_dim is None:
+        raise BadRequest("raw_action_dim is required when only domain_id is provided")
+    return ActionPlan(mode, horizon, str(domain_name) if domain_name else None,
+                      None if domain_id is None else int(domain_id),
+                      None if raw_dim is None else int(raw_dim))
+
+
+def action_envelope(rid: str, values: list[list[float]], *, mode: str, domain_id: int,
+                    raw_action_dim: int, steps: int, model: str = "") -> dict[str, Any]:
+    """One action answer: ``values`` are ``[horizon, raw_action_dim]`` rows."""
+    horizon = len(values)
+    action = {"type": "continuous", "dtype": "float32", "shape": [horizon, raw_action_dim],
+              "values": values, "action_mode": mode, "domain_id": int(domain_id),
+              "raw_action_dim": raw_action_dim}
+    return {"id": rid, "object": "action.generation", "created": int(time.time()),
+            "model": model,
+            "data": [{"index": 0, "input_index": 0, "candidate_index": 0, "action": action}],
+            "usage": {"batch_size": 1, "action_horizon": horizon, "action_dim": raw_action_dim,
+                      "denoise_steps": steps, "prefix_cache_hit": False}}

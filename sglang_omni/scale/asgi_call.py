@@ -1,0 +1,134 @@
+"""One HTTP request run through an ASGI app inside this process, its answer as message batches.
+
+A replica runs the whole Omni FastAPI app in its own process and serves each request the gateway
+forwards to it (:mod:`~sglang_omni.scale.gateway`) through :func:`call_asgi`. The app sees what
+uvicorn would give it: the body at once, then ``http.disconnect`` when the caller goes away.
+Closing or cancelling the iterator is the caller going away: the app is told the client
+disconnected and given ``grace_s`` to end (so an abort reaches the stages, as on one server)
+before it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Messages the app may send ahead of a slow caller before its ``send`` waits (backpressure).
+MAX_AHEAD = 64
+#: Seconds the app has to end after the caller went away, before it is cancelled.
+GRACE_S = 10.0
+_END: Message = {"type": "_end"}
+
+
+def http_scope(request: dict[str, Any]) -> Scope:
+    """The ASGI ``http`` scope of a request forwarded as :func:`forwarded` built it."""
+    return {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": request.get("http_version", "1.1"), "method": request["method"],
+        "scheme": request.get("scheme", "http"), "path": request["path"],
+        "raw_path": request.get("raw_path") or request["path"].encode(),
+        "query_string": request.get("query_string", b""), "root_path": "",
+        "headers": [tuple(h) for h in request.get("headers", [])],
+        "client": request.get("client"), "server": request.get("server"), "state": {},
+    }
+
+
+def forwarded(scope: Scope, body: bytes) -> dict[str, Any]:
+    """What a replica needs of an ``http`` request: its scope's plain fields and its body."""
+    return {
+        "http_version": scope.get("http_version", "1.1"), "method": scope["method"],
+        "scheme": scope.get("scheme", "http"), "path": scope["path"],
+        "raw_path": scope.get("raw_path"), "query_string": scope.get("query_string", b""),
+        "headers": [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])],
+        "client": tuple(scope["client"]) if scope.get("client") else None,
+        "server": tuple(scope["server"]) if scope.get("server") else None,
+        "body": body,
+    }
+
+
+async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GRACE_S
+                    ) -> AsyncIterator[list[Message]]:
+    """Run ``app`` for one request; yield the messages it sends, in batches (all that are ready).
+
+    An exception the app raises is raised here after the messages it sent. See the module
+    docstring for what closing the iterator early does.
+    """
+    queue: asyncio.Queue[Message] = asyncio.Queue(MAX_AHEAD)
+    gone = asyncio.Event()
+    body_given = False
+
+    async def receive() -> Message:
+        nonlocal body_given
+        if not body_given:
+            body_given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if gone.is_set():
+            raise OSError("the client went away")  # what a server's send does on a closed socket
+        await queue.put(message)
+
+    async def run() -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(_END)
+
+    task = asyncio.ensure_future(run())
+    finished = False
+    try:
+        while True:
+            batch = [await _next(queue, task)]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            finished = batch[-1] is _END
+            if finished:
+                batch.pop()
+            if batch:
+                yield batch
+            if finished:
+                break
+        await task
+    finally:
+        if not task.done():
+            gone.set()
+            _drain(queue)
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), grace_s)
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _next(queue: asyncio.Queue[Message], task: asyncio.Future[None]) -> Message:
+    """The next message, or the end once the app has ended with nothing more queued (the end
+    marker may not fit a full queue, so the app's end also counts)."""
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.ensure_future(queue.get())
+    waits: set[asyncio.Future[Any]] = {getter, task}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if getter.done() and not getter.cancelled():
+        return getter.result()
+    return queue.get_nowait() if not queue.empty() else _END
+
+
+def _drain(queue: asyncio.Queue[Message]) -> None:
+    """Empty the queue, so an app blocked in ``send`` wakes (and learns the client is gone)."""
+    while not queue.empty():
+        queue.get_nowait()

@@ -1,0 +1,247 @@
+"""The fleet's HTTP entry: forwards each request to a replica, retrying a 503 on another.
+
+Ray's HTTP proxy hands every request to a gateway replica (the Serve ingress), which reads the
+body, asks the replicas' router for a replica and relays that replica's answer unchanged (status,
+headers, every body chunk as it comes, so streams stream). Ray's proxy answers a request from the
+first replica it reaches; the gateway is what can look at the answer first:
+
+* a 503 (admission refused: the plan, ``max_active``, a restarting stage) is retried on another
+  replica, up to ``retries`` times, the replicas that refused it passed to the router as
+  ``exclude``; the last 503 reaches the client as it was;
+* a 404 for a result a replica holds (direct generation's video jobs and stored images, by id:
+  :data:`HELD_RESULT`) is asked of the other replicas in turn: the result lives on the replica
+  that made it;
+* a replica that dies (its process killed) before its answer started answers 500 with the error
+  a stage death gives; after a stream started, the stream ends with that error (``event: error``
+  on ``/generate``, an ``{"error": ...}`` chunk on chat) and ``[DONE]``, as on one server;
+* a client that disconnects cancels the replica's call: the replica's app sees the disconnect, and
+  the request is aborted down to its generation stage.
+
+The body is read here once (bounded by ``server.max_body_bytes``: a larger one is cut at one byte
+over, which the replica refuses with 413, and the header check is the replica's; a body slower
+than ``server.body_timeout_s`` is answered 408 here). WebSocket routes are not relayed: the
+gateway accepts and closes them with code 1008 and a reason saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import RequestCancelledError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from sglang_omni.config.server import ServerSettings
+from sglang_omni.errors import OmniError, RequestTooSlow, ServerError, StageDied
+from sglang_omni.scale.asgi_call import Message, Receive, Scope, Send, forwarded
+from sglang_omni.serve.app import error_response
+from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
+from sglang_omni.serve.umm_wire import error_event
+
+log = logging.getLogger("sglang_omni.scale")
+
+#: Paths of results one replica holds (``GET``/``DELETE`` by id): a 404 is asked elsewhere.
+HELD_RESULT = re.compile(r"^/v1/(videos|images)/[^/]+(/content)?/?$")
+LOOKUP_METHODS = ("GET", "HEAD", "DELETE")
+WEBSOCKET_REFUSAL = ("WebSocket routes are not served through the Ray Serve fleet; connect to "
+                     "one server for them")
+REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
+                "request was in flight; Ray Serve is replacing it; retry the request")
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """An answer not relayed (read to its end and dropped): another replica is asked."""
+
+    replica: str
+    status: int
+
+
+def stream_failure(path: str, exc: OmniError) -> bytes:
+    """The end of a stream that failed after it started, framed as the route frames errors."""
+    if path.rstrip("/") == "/generate":
+        event = sse_event("error", error_event(exc))
+    else:
+        event = sse_data(exc.to_body())
+    return (event + SSE_DONE).encode()
+
+
+def is_sse(start: Message) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+               for k, v in start.get("headers", []))
+
+
+class OmniGateway:
+    """A Serve ingress deployment class (``serve.ingress()`` is applied by the builder)."""
+
+    def __init__(self, replicas: DeploymentHandle, server: ServerSettings, retries: int,
+                 replica_count: int) -> None:
+        self.replicas = replicas
+        self.server = server
+        self.retries = retries
+        self.replica_count = replica_count
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return _Asgi(self)
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] == "websocket":
+            await _refuse_websocket(receive, send)
+            return
+        try:
+            body = await self._read_body(scope, receive)
+        except RequestTooSlow as exc:
+            await error_response(exc, self.server.retry_after_s)(scope, receive, send)
+            return
+        if body is None:
+            return  # the client left before its body arrived
+        relay = asyncio.ensure_future(self._relay(scope, forwarded(scope, body), send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (relay, watch):
+                task.cancel()
+            results = await asyncio.gather(relay, watch, return_exceptions=True)
+        error = results[0]
+        if isinstance(error, BaseException) and not isinstance(error, asyncio.CancelledError):
+            raise error
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The body, at most ``max_body_bytes + 1`` bytes; None if the client left."""
+        limit = self.server.max_body_bytes
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"").strip()
+        if declared.isdigit() and int(declared) > limit:
+            return b""  # the replica refuses it from the header (413)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.server.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > limit or not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise RequestTooSlow(
+                f"the request body did not arrive within {self.server.body_timeout_s:g} s "
+                "(server.body_timeout_s); send it faster or raise the limit") from None
+
+    def may_retry(self, scope: Scope, status: int, attempt: int) -> bool:
+        """Whether answer ``status`` of attempt ``attempt`` (0 first) is asked elsewhere."""
+        if status == 503:
+            return attempt < self.retries
+        return (status == 404 and scope["method"] in LOOKUP_METHODS
+                and HELD_RESULT.match(scope["path"]) is not None
+                and attempt < self.replica_count - 1)
+
+    async def _relay(self, scope: Scope, request: dict[str, Any], send: Send) -> None:
+        tried: list[str] = []
+        attempt = 0
+        while True:
+            refused = await self._attempt(scope, request, send, tried,
+                                          partial(self.may_retry, scope, attempt=attempt))
+            if refused is None:
+                return
+            log.info("replica %s answered %s %s with %d; asking another replica",
+                     refused.replica, scope["method"], scope["path"], refused.status)
+            tried.append(refused.replica)
+            attempt += 1
+
+    async def _attempt(self, scope: Scope, request: dict[str, Any], send: Send,
+                       tried: list[str], may_retry: Callable[[int], bool]) -> _Refused | None:
+        """Forward to one replica and relay its answer; the answer held back when
+        ``may_retry(status)``."""
+        call = cast(DeploymentResponseGenerator,
+                    self.replicas.options(stream=True).call.remote(request, exclude=list(tried)))
+        started: Message | None = None
+        held: _Refused | None = None
+        try:
+            replica = await call.__anext__()
+            async for batch in call:
+                for message in batch:
+                    if started is None and message["type"] == "http.response.start":
+                        started = message
+                        if may_retry(message["status"]):
+                            held = _Refused(replica, message["status"])
+                    if held is None:
+                        await send(message)
+            return held
+        except (asyncio.CancelledError, RequestCancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every answer ends well-formed
+            await self._failed(scope, send, started if held is None else None, exc)
+            return None
+        finally:
+            call.cancel()
+
+    async def _failed(self, scope: Scope, send: Send, started: Message | None,
+                      exc: Exception) -> None:
+        """End an answer whose replica call failed: an error answer, or the stream's end."""
+        if isinstance(exc, RayActorError):
+            error: OmniError = StageDied(REPLICA_DIED)
+            log.warning("request %s %s: %s", scope["method"], scope["path"], REPLICA_DIED)
+        else:
+            error = ServerError(GENERIC_500)
+            log.error("request %s %s failed in the gateway", scope["method"], scope["path"],
+                      exc_info=exc)
+        if started is None:
+            await error_response(error, self.server.retry_after_s)(scope, _never, send)
+        elif is_sse(started):
+            await send({"type": "http.response.body",
+                        "body": stream_failure(scope["path"], error), "more_body": False})
+        else:
+            raise exc  # a plain body cut short: the connection is closed
+
+
+class _Asgi:
+    """The gateway as an ASGI 3 app (uvicorn takes a bound method for ASGI 2)."""
+
+    def __init__(self, gateway: OmniGateway) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.gateway.asgi(scope, receive, send)
+
+
+async def _never() -> Message:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _refuse_websocket(receive: Receive, send: Send) -> None:
+    if (await receive())["type"] == "websocket.connect":
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1008, "reason": WEBSOCKET_REFUSAL})
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client disconnects (after its body was read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

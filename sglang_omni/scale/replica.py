@@ -1,0 +1,97 @@
+"""One replica: a whole Omni server (orchestrator and its stage processes) in a Ray Serve replica.
+
+The replica builds the app of ``sgl-omni serve`` (:func:`~sglang_omni.serve.app.create_app`) from
+its :class:`~sglang_omni.scale.spec.ReplicaPlan`, runs its lifespan (the stages start before the
+replica reports ready; a stage that fails to start fails the replica), and serves the requests
+the gateway forwards (:meth:`OmniReplica.call`) through the app in-process, so routes, answers,
+streams and errors are the server's own. ``record_routing_stats`` is the routers' view of it
+(:mod:`~sglang_omni.scale.stats`); ``check_health`` fails, and Ray replaces the replica, only when
+the server cannot recover by itself: a stage past its restart budget (``/health`` says
+``unhealthy``) or a native stage whose exit stops the server. A stage restarting or stalled is
+only reported (``health`` in the stats), and the routers pass the replica over meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sglang_omni.errors import ConfigError
+from sglang_omni.scale.asgi_call import Message, call_asgi, http_scope
+from sglang_omni.scale.spec import ReplicaPlan
+from sglang_omni.scale.stats import ReplicaStats
+from sglang_omni.serve.app import create_app
+
+log = logging.getLogger("sglang_omni.scale")
+
+
+def _replica_identity() -> tuple[str, str | None]:
+    """This replica's id and node, from Ray's replica context (outside Ray: ``local``)."""
+    try:
+        import ray
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id, ray.get_runtime_context(
+        ).get_node_id()
+    except Exception:  # noqa: BLE001 - not inside a Serve replica
+        return "local", None
+
+
+class OmniReplica:
+    """A Serve deployment class; Ray constructs it with the replica plan."""
+
+    async def __init__(self, plan: ReplicaPlan) -> None:  # type: ignore[misc]  # Serve awaits it
+        try:
+            config = plan.resolve()
+        except ConfigError as exc:
+            raise RuntimeError(f"configuration error on this replica: {exc}") from None
+        source = plan.source
+        logging.basicConfig(level=source.log_level.upper(),
+                            format="%(asctime)s [replica] %(levelname)s %(name)s: %(message)s")
+        self.app = create_app(config, source.model_name, source.log_level)
+        self.orchestrator = self.app.state.orchestrator
+        self.id, node = _replica_identity()
+        self.stats = ReplicaStats(self.orchestrator, self.id, node)
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = \
+            self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()
+        self.stats.start_sampling()
+        log.info("replica %s ready (pid stages: %s)", self.id, ", ".join(
+            f"{n} {h.pid}" for n, h in self.orchestrator.stages.handles.items()))
+
+    async def call(self, request: dict[str, Any], exclude: list[str] | None = None
+                   ) -> AsyncIterator[str | list[Message]]:
+        """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
+        in batches. ``exclude`` is for the router (replicas that refused it), not used here."""
+        path = request["path"]
+        self.stats.started(path)  # before the first yield: the stats count it from now
+        try:
+            yield self.id
+            async for batch in call_asgi(self.app, http_scope(request), request["body"]):
+                for message in batch:
+                    if message["type"] == "http.response.start":
+                        self.stats.answered(int(message["status"]))
+                yield batch
+        finally:
+            self.stats.ended(path)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self.stats.snapshot()
+
+    def check_health(self) -> None:
+        """Raise (Ray replaces the replica) when the server cannot recover by itself."""
+        if self.orchestrator.fatal_error is not None:
+            raise RuntimeError(f"the server stopped: {self.orchestrator.fatal_error}")
+        if self.orchestrator.health()["status"] == "unhealthy":
+            raise RuntimeError("a stage exited for good (past its restart budget); /health "
+                               "is unhealthy")
+
+    async def __del__(self) -> None:
+        """Stop the stages (Ray calls this on a graceful replica shutdown)."""
+        lifespan, self._lifespan = getattr(self, "_lifespan", None), None
+        if lifespan is None:
+            return
+        await self.stats.stop_sampling()
+        await lifespan.__aexit__(None, None, None)

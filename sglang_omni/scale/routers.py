@@ -1,0 +1,152 @@
+"""Ray Serve request routers for the replicas (``RequestRouterConfig.request_router_class``).
+
+:class:`DeadlineRouter` orders replicas by their routing stats and its own sends since
+(:func:`~sglang_omni.scale.ranking.deadline_order`); :class:`RoundRobinRouter` takes them in turn.
+Both leave out the replicas a request was already refused by (the gateway passes their ids as the
+``exclude`` keyword of its call) unless every replica refused it. Ray's default,
+``PowerOfTwoChoicesRequestRouter``, stays selectable as ``--router pow2`` (see :data:`ROUTERS`).
+
+Built on Ray's ``ray.serve.request_router.RequestRouter`` (alpha API, Ray 2.60).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from sglang_omni.scale.ranking import Since, deadline_order, rotation
+
+#: ``--router`` choices and the router classes they name.
+ROUTERS: dict[str, str] = {
+    "deadline": "sglang_omni.scale.routers:DeadlineRouter",
+    "round_robin": "sglang_omni.scale.routers:RoundRobinRouter",
+    "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+}
+
+
+#: Seconds after which the router forgets a call (a replica whose stats stopped coming).
+FORGET_S = 3600.0
+#: Seconds after which a request chosen for a replica but never sent there is forgotten.
+UNSENT_S = 10.0
+#: Seconds a chosen request may take to reach its replica: one chosen this long before the
+#: replica recorded its stats is taken as in them.
+TRANSIT_S = 0.1
+
+
+def excluded(pending: PendingRequest | None) -> frozenset[str]:
+    """The replica ids the request was already refused by (its ``exclude`` keyword)."""
+    if pending is None:
+        return frozenset()
+    return frozenset(pending.kwargs.get("exclude") or ())
+
+
+def _by_id(replicas: list[RunningReplica]) -> dict[str, RunningReplica]:
+    return {r.replica_id.unique_id: r for r in replicas}
+
+
+def _backoff(pending: PendingRequest | None) -> None:
+    # Ray retries at once, without sleeping, unless a policy says it should back off; with
+    # every replica full that would spin.
+    if pending is not None:
+        pending.routing_context.should_backoff = True
+
+
+class DeadlineRouter(RequestRouter):
+    """Send each request to the replica whose plan admits it earliest (see ranking).
+
+    The router keeps, per replica, when each request it routed there was sent and when it
+    ended, to correct the replica's stats by what happened since they were recorded
+    (:class:`~sglang_omni.scale.ranking.Since`). A request counts from the moment it is chosen
+    (requests routed at once must see each other), is moved if Ray sends it elsewhere
+    (``on_request_routed``), and ends with ``on_request_completed``; one chosen but never sent
+    is forgotten after :data:`UNSENT_S`.
+    """
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._calls: dict[str, dict[str, _Call]] = {}
+        self._where: dict[str, str] = {}  # request id -> the replica its call is filed under
+        self._rng = random.Random()
+
+    def _file(self, key: str, rid: str, now: float, sent: bool) -> None:
+        """File request ``rid`` under replica ``key`` (moving it from where it was)."""
+        old = self._where.get(rid)
+        call = self._calls.get(old, {}).pop(rid, None) if old is not None else None
+        call = call or _Call(now)
+        call.sent_for_sure = call.sent_for_sure or sent
+        self._calls.setdefault(key, {})[rid] = call
+        self._where[rid] = key
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: Any) -> None:
+        self._file(replica_id.unique_id, pending_request.metadata.internal_request_id,
+                   time.time(), sent=True)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        key = self._where.get(internal_request_id, replica_id.unique_id)
+        call = self._calls.get(key, {}).get(internal_request_id)
+        if call is not None:
+            call.ended = time.time()
+
+    def _since(self, key: str, stats: dict[str, Any] | None, now: float) -> Since:
+        """Correct the replica's stats by its calls; forget calls the stats already show
+        ended, chosen but never sent, or older than :data:`FORGET_S`."""
+        calls = self._calls.get(key)
+        if not calls:
+            return Since()
+        at = float(stats.get("at", 0.0)) if stats else 0.0
+        unseen = ended = 0
+        for rid, call in list(calls.items()):
+            if ((call.ended is not None and call.ended <= at) or now - call.sent > FORGET_S
+                    or (not call.sent_for_sure and now - call.sent > UNSENT_S)):
+                del calls[rid]
+                self._where.pop(rid, None)
+            elif call.sent > at - TRANSIT_S:  # maybe not at the replica when it recorded
+                unseen += call.ended is None
+            elif call.ended is not None:
+                ended += 1
+        return Since(unseen, ended)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        _backoff(pending_request)
+        by_id = _by_id(candidate_replicas)
+        now = time.time()
+        stats = {k: r.routing_stats for k, r in by_id.items()}
+        since = {k: self._since(k, stats[k], now) for k in by_id}
+        for gone in set(self._calls) - set(by_id):
+            for rid in self._calls.pop(gone):
+                self._where.pop(rid, None)
+        order = deadline_order(sorted(by_id), stats, since, now, excluded(pending_request),
+                               self._rng)
+        if order and pending_request is not None:
+            self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False)
+        return [[by_id[k]] for k in order]
+
+
+@dataclass
+class _Call:
+    sent: float
+    ended: float | None = None
+    sent_for_sure: bool = False
+
+
+class RoundRobinRouter(RequestRouter):
+    """Each request to the next replica in turn (healthy ones first), for comparison."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._turn = itertools.count()
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        _backoff(pending_request)
+        by_id = _by_id(candidate_replicas)
+        stats = {k: r.routing_stats for k, r in by_id.items()}
+        order = rotation(sorted(by_id), next(self._turn), excluded(pending_request), stats)
+        return [[by_id[k]] for k in order]

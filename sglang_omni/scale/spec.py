@@ -1,0 +1,142 @@
+"""What a Ray Serve deployment of Omni is made of: the server config each replica resolves, and
+the fleet's shape (replicas, router, retries), checked on the machine that builds it.
+
+Replicas resolve the config themselves (:meth:`ServerSource.resolve`), where Ray placed them:
+the driver's files are not on the other nodes, so the config file travels as text, and the GPU
+indices of ``stages.<name>.gpu`` become indices into the GPUs Ray gave the replica (Ray sets
+``CUDA_VISIBLE_DEVICES``). A replica asks Ray for one GPU per distinct index its stages use: the
+default Cosmos3 placement (generation 0, Reasoner 1) takes two, both stages on GPU 0 one, every
+stage on the CPU (``gpu: null``) none. Model paths and media folders must exist on every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_omni.config import ResolvedConfig, load_config, parse_overrides
+from sglang_omni.errors import ConfigError
+
+#: ``load_config`` keyword arguments a source may carry (the CLI's flags).
+LOAD_OPTIONS = ("model_path", "text_only", "allowed_local_media_path", "allowed_media_domain",
+                "api_key")
+#: GPUs assumed visible while the driver checks a config (placement is checked on the replica).
+ANY_GPUS = 1 << 16
+ROUTER_CHOICES = ("deadline", "pow2", "round_robin")
+
+
+@dataclass(frozen=True)
+class ServerSource:
+    """One Omni server's configuration as the CLI gave it: the config file's text, dotted
+    overrides, the ``load_config`` options, and the served model name and log level."""
+
+    config_text: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    model_name: str | None = None
+    log_level: str = "info"
+
+    @classmethod
+    def from_file(cls, config: str | Path | None, overrides: dict[str, Any] | None = None,
+                  **kwargs: Any) -> ServerSource:
+        """Read ``config`` (a path on this machine) now; ConfigError if it cannot be read."""
+        text = None
+        if config is not None:
+            try:
+                text = Path(config).read_text()
+            except OSError as exc:
+                raise ConfigError(f"--config {config}: cannot read the file "
+                                  f"({exc.strerror})") from None
+        options = {k: kwargs.pop(k) for k in LOAD_OPTIONS if k in kwargs}
+        return cls(text, dict(overrides or {}), options, **kwargs)
+
+    def resolve(self, visible_gpus: int | None = None,
+                extra: dict[str, Any] | None = None) -> ResolvedConfig:
+        """``load_config`` of this source (``extra`` overrides win); ConfigError as it raises."""
+        overrides = {**self.overrides, **(extra or {})}
+        if self.config_text is None:
+            return load_config(None, overrides, visible_gpus=visible_gpus, **self.options)
+        fd, path = tempfile.mkstemp(prefix="sgl-omni-", suffix=".yaml")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.config_text)
+            return load_config(path, overrides, visible_gpus=visible_gpus, **self.options)
+        finally:
+            os.unlink(path)
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    """The fleet: ``replicas`` whole servers behind ``gateways`` gateway replicas; ``router``
+    picks the replica (``deadline``, ``pow2`` or ``round_robin``); a 503 is retried on another
+    replica up to ``retries`` times (None: one less than the replicas, at most 3)."""
+
+    replicas: int = 2
+    router: str = "deadline"
+    retries: int | None = None
+    gateways: int = 1
+    stats_period_s: float = 0.5
+    replica_cpus: float = 1.0
+    health_check_period_s: float = 2.0
+    app_name: str = "omni"
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas: expected at least 1, got {self.replicas}")
+        if self.gateways < 1:
+            raise ConfigError(f"--gateways: expected at least 1, got {self.gateways}")
+        if self.router not in ROUTER_CHOICES:
+            raise ConfigError(f"--router: expected one of {', '.join(ROUTER_CHOICES)}, got "
+                              f"{self.router!r}")
+        if self.retries is not None and self.retries < 0:
+            raise ConfigError(f"--retries: expected 0 or more, got {self.retries}")
+        if not self.stats_period_s > 0:
+            raise ConfigError(f"stats_period_s: expected a positive number, got "
+                              f"{self.stats_period_s}")
+
+    @property
+    def retry_limit(self) -> int:
+        if self.retries is not None:
+            return self.retries
+        return min(3, self.replicas - 1)
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """What each replica runs: the source, the GPU remapping, and the resources it asks for."""
+
+    source: ServerSource
+    gpus: int
+    gpu_overrides: dict[str, int]
+
+    def resolve(self) -> ResolvedConfig:
+        """The config on the replica, stages placed on the GPUs Ray gave it."""
+        return self.source.resolve(extra=dict(self.gpu_overrides))
+
+
+def plan_replicas(source: ServerSource) -> tuple[ReplicaPlan, ResolvedConfig]:
+    """Check ``source`` here (ConfigError names the key) and plan the replicas' GPUs."""
+    config = source.resolve(visible_gpus=ANY_GPUS)
+    used = sorted({s.gpu for s in config.process_stages() if s.gpu is not None})
+    remap = {f"stages.{s.name}.gpu": used.index(s.gpu)
+             for s in config.process_stages() if s.gpu is not None}
+    return ReplicaPlan(source, len(used), remap), config
+
+
+def from_cli(args: argparse.Namespace, extra: list[str]) -> tuple[ServerSource, ScaleOptions]:
+    """The server source and fleet options of ``sgl-omni serve --ray`` flags."""
+    overrides = parse_overrides(extra)
+    if args.mem_fraction_static is not None:
+        overrides["reasoner.engine.mem_fraction_static"] = args.mem_fraction_static
+    source = ServerSource.from_file(
+        args.config, overrides, model_name=args.model_name, log_level=args.log_level,
+        model_path=args.model_path, text_only=args.text_only,
+        allowed_local_media_path=args.allowed_local_media_path,
+        allowed_media_domain=args.allowed_media_domain, api_key=args.api_key)
+    options = ScaleOptions(replicas=args.replicas, router=args.router, retries=args.retries,
+                           gateways=args.gateways)
+    return source, options

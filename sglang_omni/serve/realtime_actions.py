@@ -1,0 +1,135 @@
+"""``WS /v1/actions/realtime``: native's msgpack action protocol over one WebSocket.
+
+The server accepts, then sends the action metadata (``GET /v1/actions/metadata``). Each
+binary message from the client is one action request body (msgpack, as the HTTP route takes
+it); the answer is the envelope of the HTTP route with native's float32 array maps for the
+values and ``server_timing`` (``infer_ms``, and ``prev_total_ms`` from the second answer on).
+Requests are answered one at a time, in order.
+
+A failure, a refused request included, is answered as native answers it: a message
+``{"error": ...}`` (here the message text, with ``type`` and ``code``: never a traceback),
+then close code 1011. A client that leaves aborts the generation in flight. Messages are
+bounded and checked as HTTP bodies are (:mod:`.ws_messages`); every body passes the same
+checks as the HTTP route, media policy and generation limits included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+
+from sglang_omni.engines.result import StageResult
+from sglang_omni.errors import BadRequest, OmniError, ServerError
+from sglang_omni.serve.action_routes import action_answer, check_action, metadata_of
+from sglang_omni.serve.direct_context import DirectContext
+from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.msgpack_body import with_native_arrays
+from sglang_omni.serve.ws_messages import WS_INTERNAL_ERROR, close, decode, receive, send
+
+log = logging.getLogger("sglang_omni.serve")
+
+
+#: Requests a client may send ahead while one runs (then the server stops reading until one is
+#: answered).
+MAX_WAITING = 4
+
+
+class _Left(Exception):
+    """The client closed the connection."""
+
+
+async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
+               inbox: asyncio.Queue[bytes]) -> StageResult:
+    """One action generation, reading on meanwhile: a client that leaves aborts it; messages
+    that arrive meanwhile wait in ``inbox`` (at most :data:`MAX_WAITING`, then reading
+    pauses)."""
+    rid = ctx.new_rid()
+    work = asyncio.ensure_future(ctx.stage().call(rid, {"modality": "action", "request": body}))
+    listen: asyncio.Future[bytes | None] | None = asyncio.ensure_future(receive(websocket))
+    try:
+        while True:
+            waiting = {work} if listen is None else {work, listen}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if listen is not None and listen in done:
+                message = listen.result()
+                if message is None:
+                    raise _Left()
+                inbox.put_nowait(message)
+                listen = asyncio.ensure_future(receive(websocket)) \
+                    if inbox.qsize() < MAX_WAITING else None
+            if work in done:
+                return work.result()
+    finally:
+        for task in (work, listen):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+
+async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
+                  inbox: asyncio.Queue[bytes], prev_total_s: float | None,
+                  started: float) -> dict[str, Any]:
+    body = decode(websocket, message)
+    if not isinstance(body, dict):
+        raise BadRequest("each message is one action request: a msgpack map")
+    body = check_action(ctx, body)
+    infer_started = time.monotonic()
+    result = await _run(ctx, websocket, body, inbox)
+    answer = dict(with_native_arrays(action_answer(ctx, result, body)))
+    timing = {"infer_ms": (time.monotonic() - infer_started) * 1000}
+    if prev_total_s is not None:
+        timing["prev_total_ms"] = prev_total_s * 1000
+    answer["server_timing"] = {**(answer.get("server_timing") or {}), **timing}
+    return answer
+
+
+async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> None:
+    """Run one realtime action connection (see the module docstring)."""
+    await websocket.accept()
+    ctx.sessions.enter()
+    try:
+        if not await send(websocket, metadata_of(ctx)):
+            return
+        inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        prev_total_s: float | None = None
+        while True:
+            try:
+                message = inbox.get_nowait() if not inbox.empty() else await receive(websocket)
+                if message is None:
+                    return
+                started = time.monotonic()
+                answer = await _answer(ctx, websocket, message, inbox, prev_total_s, started)
+            except _Left:
+                log.info("realtime actions: the client left; its generation was aborted")
+                return
+            except OmniError as exc:
+                await _fail(websocket, exc)
+                return
+            except Exception:  # noqa: BLE001 - a bug ends this connection, not the server
+                log.exception("realtime actions: unexpected failure")
+                await _fail(websocket, ServerError(GENERIC_500))
+                return
+            if not await send(websocket, answer):
+                return
+            prev_total_s = time.monotonic() - started
+    finally:
+        ctx.sessions.leave()
+
+
+async def _fail(websocket: WebSocket, exc: OmniError) -> None:
+    """Native's failure: an ``error`` message, then close 1011."""
+    await send(websocket, {"error": exc.message, "type": exc.type, "code": exc.status})
+    await close(websocket, WS_INTERNAL_ERROR, exc.message)
+
+
+def add_realtime_action_route(router: APIRouter, ctx: DirectContext) -> None:
+    @router.websocket("/v1/actions/realtime")
+    async def realtime_actions(websocket: WebSocket) -> None:
+        """msgpack action requests over one WebSocket (see ``serve.realtime_actions``)."""
+        await serve_realtime_actions(websocket, ctx)

@@ -1,0 +1,133 @@
+"""Running ``sgl-omni serve``: the port first, then the stages, then one line saying it is ready.
+
+1. :func:`listen_socket` binds the port before anything loads (the CLI calls it before it even
+   resolves the configuration, which may build the demo checkpoint): a port in use fails at once.
+2. :func:`run_server` serves the app on that socket at once, and the stages load in the
+   background meanwhile (``/health`` answers 503 ``starting``; requests get 503 saying so).
+3. When every stage is ready it prints :func:`ready_line`: the playground's URL and a curl to
+   try. A stage that fails to start stops the server (exit code 3), as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+import time
+from typing import Any
+
+from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.serve.log_format import configure_logging
+
+log = logging.getLogger("sglang_omni.serve")
+
+#: The exit code of a server whose stages failed to start (uvicorn's own for a failed startup).
+STARTUP_FAILED = 3
+#: The exit code of a stage whose native processes stopped the server.
+STOPPED = 1
+#: A curl to try, per pipeline mode; ``{url}`` is the server's, ``{auth}`` the bearer header.
+TRY = {
+    "umm": """curl -N {url}/generate -H 'Content-Type: application/json'{auth} -d '{{"prompt": \
+"Draw a red cube, then describe it.", "stream": true, "include_progress": true}}'""",
+    "chat": """curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d \
+'{{"messages": [{{"role": "user", "content": "Hello!"}}]}}'""",
+    "generation": """curl {url}/v1/images/generations -H 'Content-Type: application/json'{auth} \
+-d '{{"prompt": "a red cube", "size": "256x256"}}' | head -c 300""",
+}
+
+
+class PortInUse(OSError):
+    """The address cannot be bound; the message says which and what to do."""
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening), or PortInUse naming the fix."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PortInUse(f"cannot listen on {host}:{port}: {exc.strerror}; check --host") \
+            from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()}; "
+                        "stop the other server or pass another --port") from None
+    return sock
+
+
+def display_url(host: str, port: int) -> str:
+    """The URL a local browser opens: a wildcard host is shown as loopback."""
+    shown = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def ready_line(mode: str, url: str, keyed: bool, seconds: float) -> str:
+    """The one line printed when every stage is ready."""
+    auth = " -H \"Authorization: Bearer $SGLANG_OMNI_API_KEY\"" if keyed else ""
+    curl = TRY.get(mode, TRY["umm"]).format(url=url, auth=auth)
+    return f"sgl-omni: ready in {seconds:.1f} s: open {url}/ (the playground), or try: {curl}"
+
+
+def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: int,
+               model_name: str | None, log_level: str, log_format: str) -> int:
+    """Serve until stopped; the exit code (0, :data:`STOPPED`, :data:`STARTUP_FAILED`, or 2 for
+    a configuration error the app found)."""
+    import uvicorn
+
+    from sglang_omni.errors import ConfigError
+    from sglang_omni.serve.app import create_app
+    from sglang_omni.serve.connection import uvicorn_options
+
+    configure_logging(log_level, log_format)
+    started = time.monotonic()
+    url = display_url(host, port)
+    holder: dict[str, Any] = {}
+
+    async def on_ready() -> None:
+        server = holder["server"]
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.01)
+        if server.should_exit:
+            return
+        line = ready_line(app.state.orchestrator.mode, url, config.server.api_key is not None,
+                          time.monotonic() - started)
+        if log_format == "json":  # a log collector reads JSON lines only
+            log.info(line.removeprefix("sgl-omni: "),
+                     extra={"omni_fields": {"event": "ready", "playground": f"{url}/"}})
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def on_failure() -> None:
+        holder["server"].should_exit = True
+
+    try:
+        app = create_app(config, model_name, log_level, background_start=True,
+                         on_ready=on_ready, on_startup_failure=on_failure)
+    except ConfigError as exc:
+        print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
+        return 2
+    json_logs = log_format == "json"
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+        log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
+        access_log=not json_logs, **uvicorn_options(config.server)))
+    holder["server"] = server
+    orchestrator = app.state.orchestrator
+    orchestrator.on_fatal = lambda: setattr(server, "should_exit", True)
+    with contextlib.closing(sock):
+        server.run(sockets=[sock])
+    if orchestrator.fatal_error is not None:
+        print(f"sgl-omni: stopped: {orchestrator.fatal_error}", file=sys.stderr)
+        return STOPPED
+    if not server.started or app.state.startup_error is not None:
+        return STARTUP_FAILED
+    return 0

@@ -1,0 +1,190 @@
+"""The realtime WebSockets over a real server (scripted generation): native's message types,
+framing, errors and close codes; a client that leaves aborts its generation; the HTTP routes'
+per-connection limits (message size, media policy, generation limits, the API key)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import msgpack
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from sglang_omni.engines.synth_media import decode_mp4_frames, encode_png, frame_pixels
+from tests.generation.kit import metric, scripted_server, wait_for
+from tests.server import Server
+
+PNG = encode_png(frame_pixels("cat", 0, 8, 8, 0))
+ACTION = {"input": {"task": "pick", "image": {"b64_json": base64.b64encode(PNG).decode()}},
+          "parameters": {"domain_name": "droid_lerobot", "raw_action_dim": 8}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with scripted_server("--generation.factory.step_time_s", "0.01", "--model-name", "cosmos3",
+                         "--server.max_media_bytes", "4096", "--server.max_body_bytes",
+                         "200000", "--server.body_timeout_s", "2") as srv:
+        yield srv
+
+
+def ws(server: Server, path: str, **kwargs: Any) -> ClientConnection:
+    return connect(server.url.replace("http", "ws") + path, open_timeout=10, **kwargs)
+
+
+def recv(conn: ClientConnection) -> dict[str, Any]:
+    return msgpack.unpackb(conn.recv(timeout=30), raw=False, strict_map_key=False)
+
+
+def closed_code(conn: ClientConnection) -> int | None:
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            conn.recv(timeout=30)
+    return closed.value.rcvd.code if closed.value.rcvd is not None else None
+
+
+# --- realtime actions --------------------------------------------------------------------------
+def test_actions_metadata_then_answers_with_timing(server: Server) -> None:
+    with ws(server, "/v1/actions/realtime") as conn:
+        meta = recv(conn)
+        assert meta["object"] == "action.metadata" and meta["model"] == "cosmos3"
+        conn.send(msgpack.packb(ACTION))
+        first = recv(conn)
+        assert first["object"] == "action.generation"
+        assert first["data"][0]["action"]["values"][b"shape"] == [16, 8]
+        assert set(first["server_timing"]) == {"infer_ms"}
+        conn.send(msgpack.packb(ACTION))
+        second = recv(conn)
+        assert set(second["server_timing"]) == {"infer_ms", "prev_total_ms"}
+        assert second["data"][0]["action"]["values"][b"data"] == \
+            first["data"][0]["action"]["values"][b"data"]
+
+
+@pytest.mark.parametrize(("message", "says"), [
+    (msgpack.packb({"input": {"task": "t"}, "parameters": {}}), "domain_name or domain_id"),
+    (msgpack.packb({**ACTION, "input": {"task": "t", "image": "/etc/passwd"}}), "input.image"),
+    (msgpack.packb([1, 2]), "a msgpack map"),
+    (b"\xc1", "not valid msgpack"),
+    ("text", "binary msgpack"),
+])
+def test_action_errors_are_native_error_then_1011(server: Server, message: Any,
+                                                  says: str) -> None:
+    with ws(server, "/v1/actions/realtime") as conn:
+        recv(conn)
+        conn.send(message)
+        error = recv(conn)
+        assert says in error["error"] and error["code"] in (400, 500)
+        assert "Traceback" not in error["error"]
+        assert closed_code(conn) == 1011
+
+
+def test_an_oversized_message_closes_with_1009(server: Server) -> None:
+    with ws(server, "/v1/actions/realtime", max_size=None) as conn:
+        recv(conn)
+        conn.send(b"\x00" * 300_000)
+        assert closed_code(conn) == 1009
+
+
+def test_leaving_aborts_the_action_in_flight() -> None:
+    with scripted_server("--generation.factory.step_time_s", "0.25") as slow:
+        request = {**ACTION, "parameters": {**ACTION["parameters"],
+                                            "num_inference_steps": 100}}
+        with ws(slow, "/v1/actions/realtime") as conn:
+            recv(conn)
+            conn.send(msgpack.packb(request))
+            wait_for(lambda: metric(slow, "submitted") == 1, timeout=10)
+        wait_for(lambda: metric(slow, "aborted") == 1, timeout=10)
+        assert "generation cancelled at step" in slow.log()
+
+
+def test_the_api_key_guards_the_websockets() -> None:
+    with scripted_server("--api-key", "k3y") as keyed:
+        with pytest.raises((InvalidStatus, ConnectionClosed)):
+            with ws(keyed, "/v1/actions/realtime") as conn:
+                conn.recv(timeout=10)
+        with ws(keyed, "/v1/actions/realtime",
+                additional_headers={"Authorization": "Bearer k3y"}) as conn:
+            assert recv(conn)["object"] == "action.metadata"
+
+
+# --- realtime video ----------------------------------------------------------------------------
+INIT = {"type": "init", "prompt": "sea", "size": "32x32", "num_frames": 3}
+
+
+def test_invalid_init_is_answered_and_the_server_waits(server: Server) -> None:
+    with ws(server, "/v1/realtime_video/generate") as conn:
+        for bad, says in ((msgpack.packb({"type": "init"}), "prompt: required"),
+                          (msgpack.packb({"prompt": "x"}), "type"),
+                          (msgpack.packb({**INIT, "size": "4096x4096"}), "max_pixels"),
+                          (msgpack.packb({**INIT, "input_reference": "/etc/passwd"}),
+                           "input_reference"),
+                          (msgpack.packb({**INIT, "condition_inputs": {"a": 1}}),
+                           "condition_inputs"),
+                          (msgpack.packb({**INIT, "max_chunks": 0}), "max_chunks")):
+            conn.send(bad)
+            error = recv(conn)
+            assert error["type"] == "error" and error["content"] == "invalid generate request"
+            assert says in error["error"]["message"], error
+        conn.send(msgpack.packb({**INIT, "max_chunks": 1}))
+        assert recv(conn)["type"] == "frame_batch"
+        assert closed_code(conn) == 1000
+
+
+def test_chunks_follow_the_prompt_events(server: Server) -> None:
+    with ws(server, "/v1/realtime_video/generate") as conn:
+        conn.send(msgpack.packb({**INIT, "max_chunks": 3, "first_frame": PNG},
+                                use_bin_type=True))
+        first = recv(conn)
+        assert first["type"] == "frame_batch" and first["chunk_index"] == 0
+        assert first["content_type"] == "video/mp4" and first["num_frames"] == 3
+        assert first["total_size"] == len(first["payload"])
+        assert first["is_final_frame_batch"] is True and first["num_frame_batches"] == 1
+        frames = decode_mp4_frames(first["payload"])
+        assert len(frames) == 3 and frames[0].shape == (32, 32, 3)
+        conn.send(msgpack.packb({"type": "event", "kind": "prompt", "payload": "storm",
+                                 "event_id": 7}))
+        conn.send(msgpack.packb({"type": "event", "kind": "camera", "payload": "left"}))
+        later = [recv(conn) for _ in range(3)]
+        errors = [m for m in later if m["type"] == "error"]
+        chunks = [m for m in later if m["type"] == "frame_batch"]
+        assert [e["content"] for e in errors] == ["invalid event"]
+        assert [c["chunk_index"] for c in chunks] == [1, 2]
+        assert chunks[-1].get("event_id") == 7
+        assert closed_code(conn) == 1000
+
+
+def test_one_session_at_a_time_and_leaving_aborts() -> None:
+    with scripted_server("--generation.factory.step_time_s", "0.25") as slow:
+        with ws(slow, "/v1/realtime_video/generate") as conn:
+            conn.send(msgpack.packb({**INIT, "num_inference_steps": 100}))
+            wait_for(lambda: metric(slow, "submitted") == 1, timeout=10)
+            with ws(slow, "/v1/realtime_video/generate") as second:
+                error = recv(second)
+                assert error == {"type": "error",
+                                 "content": "another realtime session is already active"}
+                assert closed_code(second) == 1008
+        wait_for(lambda: metric(slow, "aborted") == 1, timeout=10)
+        with ws(slow, "/v1/realtime_video/generate") as again:  # the slot is free again
+            again.send(msgpack.packb({**INIT, "max_chunks": 1, "num_inference_steps": 1}))
+            assert recv(again)["type"] == "frame_batch"
+
+
+def test_a_session_without_init_is_closed_in_time(server: Server) -> None:
+    started = time.monotonic()
+    with ws(server, "/v1/realtime_video/generate") as conn:
+        error = recv(conn)
+        assert "server.body_timeout_s" in error["error"]["message"]
+        assert closed_code(conn) == 1008
+    assert time.monotonic() - started < 10
+
+
+def test_a_failed_chunk_ends_the_session(server: Server) -> None:
+    with ws(server, "/v1/realtime_video/generate") as conn:
+        conn.send(msgpack.packb({**INIT, "prompt": "!no-media sea"}))
+        error = recv(conn)
+        assert error["type"] == "error"
+        assert error["content"].startswith("error during generate loop:")
+        assert error["error"]["code"] == 500
+        assert closed_code(conn) == 1000

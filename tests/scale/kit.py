@@ -1,0 +1,114 @@
+"""A local Ray cluster of two simulated nodes (2 GPUs each, Ray's fake GPU resources) with Serve
+on a free port, and Omni fleets deployed on it with the scripted engines; each replica's
+routing stats read from its actor. Imports Ray: use from tests that need the cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+from ray.cluster_utils import Cluster
+
+from sglang_omni.config import parse_overrides
+from sglang_omni.scale.builder import build
+from sglang_omni.scale.launch import replica_stats
+from sglang_omni.scale.spec import ScaleOptions, ServerSource
+from tests.server import free_port
+
+ROOT = Path(__file__).parent.parent.parent
+SCRIPTED = ROOT / "configs" / "cpu-scripted.yaml"
+APP = "omni"
+NODE_CPUS = 4
+NODE_GPUS = 2
+#: Both stages on (simulated) GPUs: each replica asks Ray for two, so one fits a node.
+ON_GPUS = ("--generation.gpu", "0", "--reasoner.gpu", "1")
+DEPLOY_TIMEOUT_S = 90.0
+
+
+@dataclass
+class RayCluster:
+    cluster: Cluster
+    url: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+
+@contextmanager
+def ray_cluster() -> Iterator[RayCluster]:
+    """Two nodes (head and one more), Serve's proxy on a free port of 127.0.0.1."""
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": NODE_CPUS, "num_gpus": NODE_GPUS})
+    try:
+        cluster.add_node(num_cpus=NODE_CPUS, num_gpus=NODE_GPUS)
+        ray.init(address=cluster.address, namespace="serve", log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield RayCluster(cluster, f"http://127.0.0.1:{port}", port)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+
+
+@dataclass
+class Fleet:
+    """An application deployed on the cluster: its URL and its replicas' routing stats."""
+
+    url: str
+    replicas: int
+
+    def stats(self) -> list[dict[str, Any]]:
+        return replica_stats(APP)
+
+    def by_id(self) -> dict[str, dict[str, Any]]:
+        return {s["replica"]: s for s in self.stats()}
+
+    def wait(self, condition: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+        """Poll the stats until ``condition(stats list)`` is truthy; its value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            value = condition(stats)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} not met within {timeout} s: {stats}")
+            time.sleep(0.1)
+
+
+def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "deadline",
+           retries: int | None = None, config: Path | None = SCRIPTED,
+           text_only: bool = False) -> Fleet:
+    """Deploy (replacing the previous application) and wait until every replica is healthy and
+    its stats reach the router (one stats period after they first answer)."""
+    with_delete()
+    source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only)
+    options = ScaleOptions(replicas=replicas, router=router, retries=retries)
+    serve.run(build(source, options), name=APP, route_prefix="/")
+    fleet = Fleet(cluster.url, replicas)
+    fleet.wait(lambda s: len(s) == replicas and all(r["health"] == "ok" for r in s),
+               DEPLOY_TIMEOUT_S, f"{replicas} healthy replicas")
+    time.sleep(1.0)
+    return fleet
+
+
+def with_delete() -> None:
+    """Delete the application if one runs (its replicas stop their stages)."""
+    if APP in serve.status().applications:
+        serve.delete(APP)
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 60) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=timeout)

@@ -1,0 +1,108 @@
+"""A request through an ASGI app in-process (what a replica does with a forwarded request):
+the app gets the body, its messages come back in order, and closing the iterator early is a
+client disconnect the app sees (then, past the grace time, it is cancelled). Needs no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from sglang_omni.scale.asgi_call import call_asgi, forwarded, http_scope
+
+
+def make_app(events: list[str]) -> Starlette:
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"body": (await request.body()).decode(),
+                             "q": request.query_params.get("q"),
+                             "h": request.headers.get("x-test")}, status_code=201)
+
+    async def stream(request: Request) -> StreamingResponse:
+        async def chunks() -> Any:
+            try:
+                for i in range(1000):
+                    yield f"chunk {i}\n"
+                    await asyncio.sleep(0.01)
+            finally:
+                events.append("stream closed")
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    async def stubborn(request: Request) -> JSONResponse:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            events.append("cancelled")
+        return JSONResponse({})
+
+    async def broken(request: Request) -> JSONResponse:
+        raise RuntimeError("boom")
+
+    return Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/stream", stream),
+                             Route("/stubborn", stubborn), Route("/broken", broken)])
+
+
+def request(path: str, body: bytes = b"", query: bytes = b"", method: str = "GET"
+            ) -> dict[str, Any]:
+    scope = {"type": "http", "method": method, "path": path, "query_string": query,
+             "headers": [(b"x-test", b"yes"), (b"content-length", str(len(body)).encode())],
+             "client": ("10.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    return forwarded(scope, body)
+
+
+async def collect(app: Starlette, req: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    async for batch in call_asgi(app, http_scope(req), req["body"]):
+        out.extend(batch)
+    return out
+
+
+def test_the_app_gets_the_request_and_its_answer_comes_back() -> None:
+    messages = asyncio.run(collect(make_app([]), request("/echo", b"hello", b"q=1", "POST")))
+    assert messages[0]["type"] == "http.response.start" and messages[0]["status"] == 201
+    body = b"".join(m.get("body", b"") for m in messages[1:])
+    assert body == b'{"body":"hello","q":"1","h":"yes"}'
+    assert messages[-1].get("more_body", False) is False
+
+
+def test_closing_early_is_a_disconnect_the_app_sees() -> None:
+    events: list[str] = []
+
+    async def main() -> int:
+        seen = 0
+        stream = call_asgi(make_app(events), http_scope(request("/stream")), b"")
+        async for batch in stream:
+            seen += sum(1 for m in batch if m.get("body"))
+            if seen >= 3:
+                break
+        await stream.aclose()
+        return seen
+
+    assert asyncio.run(main()) >= 3
+    assert events == ["stream closed"]
+
+
+def test_an_app_that_ignores_the_disconnect_is_cancelled_after_the_grace() -> None:
+    events: list[str] = []
+
+    async def main() -> None:
+        stream = call_asgi(make_app(events), http_scope(request("/stubborn")), b"", grace_s=0.2)
+        task = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.1)
+        task.cancel()  # the caller goes away while the app has sent nothing
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await stream.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 5))
+    assert events == ["cancelled"]
+
+
+def test_an_app_exception_reaches_the_caller() -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(collect(make_app([]), request("/broken")))

@@ -1,0 +1,77 @@
+"""``sgl-omni serve --ray`` joins a cluster (``--ray-address``), serves the pipeline on
+``--replicas`` replicas behind Ray's proxy, and removes its application on SIGTERM;
+``sgl-omni replicas`` lists them. Configuration errors stop it before Ray is touched."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.kit import script
+
+ROOT = Path(__file__).parent.parent.parent
+SCRIPTED = str(ROOT / "configs" / "cpu-scripted.yaml")
+
+
+def sgl_omni(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sglang_omni", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--config", SCRIPTED, "--nope.gpu", "1"], "stages.nope"),
+    (["--demo"], "--demo and --ray"),
+    (["--config", SCRIPTED, "--replicas", "0"], "--replicas"),
+])
+def test_configuration_errors_exit_2_before_ray(flags: list[str], message: str) -> None:
+    done = sgl_omni("serve", "--ray", *flags)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_serve_ray_joins_the_cluster_and_cleans_up(cluster) -> None:  # type: ignore[no-untyped-def]
+    from ray import serve
+
+    from tests.scale.kit import with_delete
+
+    with_delete()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_omni", "serve", "--config", SCRIPTED, "--ray",
+         "--replicas", "2", "--ray-address", cluster.address, "--host", "127.0.0.1",
+         "--port", str(cluster.port), "--model-name", "cosmos3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(f"{cluster.url}/v1/models", timeout=2).json()["data"][0][
+                    "id"] == "cosmos3"
+            except (httpx.HTTPError, KeyError, ValueError):
+                ready = False
+            if ready:
+                break
+            time.sleep(0.5)
+        assert ready, proc.stdout.read() if proc.poll() is not None else "not ready"
+        body = {"prompt": script({"action": "image", "prompt": "a cube"},
+                                 {"action": "final", "text": "ok"}),
+                "stage_params": {"generation": {"width": 32, "height": 32}}}
+        assert httpx.post(f"{cluster.url}/generate", json=body, timeout=30).status_code == 200
+        listed = sgl_omni("replicas", "--ray-address", cluster.address)
+        lines = listed.stdout.strip().splitlines()
+        assert listed.returncode == 0 and len(lines) == 2, listed.stdout + listed.stderr
+        assert all(" ok: " in line for line in lines) and "generations 1" in listed.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert proc.returncode == 0, out
+    assert "omni" not in serve.status().applications

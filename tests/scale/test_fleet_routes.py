@@ -1,0 +1,182 @@
+"""Through Ray's HTTP proxy, a fleet of two replicas answers every route of the interleaved
+pipeline exactly as one server does: statuses, content types, bodies, error bodies and streams
+(segments byte-identical for the same request ids and seeds). Each replica asks Ray for the two
+(simulated) GPUs its stages use and places its stages on them; the replicas land on both nodes
+and requests spread across them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+
+from tests.kit import parse_sse, script  # noqa: E402
+from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy  # noqa: E402
+from tests.server import SCRIPTED_UMM, Server  # noqa: E402
+
+COMMON = ("--generation.factory.step_time_s", "0.02", "--server.max_body_bytes", "65536")
+GEN = {"generation": {"width": 32, "height": 32, "seed": 7, "num_frames": 3}}
+TWO_MEDIA = script({"action": "image", "prompt": "a red cube"},
+                   {"action": "video", "prompt": "a blue cube"},
+                   {"action": "final", "text": "I see {media}"})
+FAILING = script({"action": "image", "prompt": "a red cube"},
+                 {"error": {"status": 400, "message": "the scripted Reasoner refuses"}})
+#: Fields that differ by construction between two servers (time, process ids).
+VOLATILE = {"created", "pid"}
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster: RayCluster) -> Fleet:
+    return deploy(cluster, *COMMON, *ON_GPUS)
+
+
+@pytest.fixture(scope="module")
+def single() -> Iterator[Server]:
+    with Server(*SCRIPTED_UMM, *COMMON) as srv:
+        yield srv
+
+
+def normalized(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: normalized(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    return value
+
+
+def answer(resp: httpx.Response) -> tuple[int, str, Any]:
+    """Status, content type and the body, decoded and normalized."""
+    ctype = resp.headers.get("content-type", "")
+    if ctype.startswith("application/json"):
+        body: Any = normalized(resp.json())
+    elif ctype.startswith("text/event-stream"):
+        body = [(e, normalized(d)) for e, d in parse_sse(resp.text)]
+    else:
+        body = resp.text
+    return resp.status_code, ctype, body
+
+
+def both(fleet: Fleet, single: Server, method: str, path: str, **kwargs: Any
+         ) -> tuple[tuple[int, str, Any], tuple[int, str, Any]]:
+    out = []
+    for base in (fleet.url, single.url):
+        with httpx.Client(timeout=60) as client:
+            out.append(answer(client.request(method, f"{base}{path}", **kwargs)))
+    return out[0], out[1]
+
+
+def body(prompt: str, rid: str, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"prompt": prompt, "rid": rid, "stream": stream, "stage_params": GEN, **extra}
+
+
+_counter = iter(range(1_000_000))
+
+
+def rid(tag: str) -> str:
+    """A request id used once on each server (one server refuses an id reused soon)."""
+    return f"{tag}-{next(_counter)}"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_matches_one_server(fleet: Fleet, single: Server, stream: bool) -> None:
+    got, want = both(fleet, single, "POST", "/generate",
+                     json=body(TWO_MEDIA, rid("gen"), stream))
+    assert got == want
+    assert got[0] == 200
+    if stream:
+        events = [e for e, _ in got[2]]
+        assert events == ["segment", "segment", "segment", "complete", "message"]
+        media = [d["data"]["url"] for e, d in got[2] if e == "segment" and d["kind"] != "text"]
+        assert len(media) == 2 and all(u.startswith("data:") for u in media)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_matches_one_server(fleet: Fleet, single: Server, stream: bool) -> None:
+    request = {"messages": [{"role": "user", "content": TWO_MEDIA}], "rid": rid("chat"),
+               "stream": stream, "stage_params": GEN}
+    got, want = both(fleet, single, "POST", "/v1/chat/completions", json=request)
+    assert got == want and got[0] == 200
+
+
+def test_a_stream_that_fails_ends_as_on_one_server(fleet: Fleet, single: Server) -> None:
+    got, want = both(fleet, single, "POST", "/generate", json=body(FAILING, rid("f"), True))
+    assert got == want
+    assert got[2][-2][0] == "error" and got[2][-1] == ("message", "[DONE]")
+
+
+@pytest.mark.parametrize(("method", "path", "kwargs"), [
+    ("GET", "/v1/models", {}),
+    ("GET", "/openapi.json", {}),
+    ("GET", "/docs", {}),
+    ("GET", "/nope", {}),
+    ("GET", "/generate", {}),
+    ("POST", "/generate", {"json": {"prompt": 5}}),
+    ("POST", "/generate", {"content": b"{}", "headers": {"content-type": "text/plain"}}),
+    ("POST", "/generate", {"content": b"[" * 70_000}),
+    ("POST", "/generate", {"content": iter([b"{", b" " * 70_000, b"}"])}),  # chunked, no length
+    ("POST", "/v1/chat/completions", {"json": {"messages": "hi"}}),
+])
+def test_other_routes_and_errors_match_one_server(fleet: Fleet, single: Server, method: str,
+                                                  path: str, kwargs: dict[str, Any]) -> None:
+    if isinstance(kwargs.get("content"), Iterator):
+        kwargs = {**kwargs, "content": list(kwargs["content"])}
+        got = _chunked(fleet.url, path, kwargs["content"])
+        want = _chunked(single.url, path, kwargs["content"])
+    else:
+        got, want = both(fleet, single, method, path, **kwargs)
+    assert got == want
+
+
+def _chunked(base: str, path: str, chunks: list[bytes]) -> tuple[int, str, Any]:
+    with httpx.Client(timeout=60) as client:
+        return answer(client.post(f"{base}{path}", content=iter(chunks),
+                                  headers={"content-type": "application/json"}))
+
+
+def test_health_and_metrics_have_the_shape_of_one_server(fleet: Fleet, single: Server) -> None:
+    got, want = both(fleet, single, "GET", "/health")
+    assert got[:2] == want[:2] == (200, "application/json")
+    assert got[2]["status"] == "ok" and got[2].keys() == want[2].keys()
+    assert got[2]["stages"].keys() == want[2]["stages"].keys()
+    got, want = both(fleet, single, "GET", "/metrics")
+    names = [re.findall(r"^# TYPE (\S+)", text, re.M) for text in (got[2], want[2])]
+    assert got[:2] == want[:2] and names[0] == names[1] and names[0]
+
+
+def test_replicas_ask_for_their_gpus_and_their_stages_use_them(fleet: Fleet) -> None:
+    stats = fleet.stats()
+    assert len(stats) == 2 and len({s["node"] for s in stats}) == 2  # 2 GPUs each: one a node
+    for s in stats:
+        own = s["gpus"].split(",")
+        assert len(own) == 2
+        assert s["stages"]["generation"]["device"] == own[0]
+        assert s["stages"]["reasoner"]["device"] == own[1]
+
+
+def test_requests_spread_across_the_replicas(fleet: Fleet) -> None:
+    before = {s["replica"]: s["answers"].get("2xx", 0) for s in fleet.stats()}
+    slow = script({"action": "image", "prompt": "!sleep=1 a cube"}, {"action": "final",
+                                                                     "text": "ok"})
+
+    def one(i: int) -> int:
+        return httpx.post(f"{fleet.url}/generate", json=body(slow, rid("spread")),
+                          timeout=60).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(one, range(6))) == [200] * 6
+    after = {s["replica"]: s["answers"].get("2xx", 0) for s in fleet.stats()}
+    served = {r: after[r] - before.get(r, 0) for r in after}
+    assert sum(served.values()) == 6 and all(n >= 2 for n in served.values()), served
+
+
+def test_stats_are_json(fleet: Fleet) -> None:
+    """The routing stats cross Ray as plain data (the routers and `sgl-omni replicas`)."""
+    for s in fleet.stats():
+        assert json.loads(json.dumps(s)) == s

@@ -1,0 +1,79 @@
+"""Routing in a fleet of two replicas: the deadline router sends a request to the replica whose
+plan admits it, never to one whose plan would refuse it while the other admits it; a 503 from one
+replica is retried on the other before the client sees it (round robin, which does not look at
+the plans, shows both: with retries the client never sees the 503, without them it does)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+
+from tests.kit import script  # noqa: E402
+from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
+
+#: One image of 4 steps of 0.25 s: 1 s on the stage. With timeout_s 8 an idle server plans 7
+#: generations (7 x (1 s + the turn) + a turn <= 8 s), so a stage planned busy for more than
+#: about 0.9 s refuses a new request.
+PLANNED = ("--generation.factory.step_time_s", "0.25", "--orchestrator.factory.timeout_s", "8")
+ONE_IMAGE = script({"action": "image", "prompt": "a cube"}, {"action": "final", "text": "ok"})
+GEN = {"generation": {"width": 32, "height": 32, "seed": 1}}
+
+
+def generate(fleet: Fleet, prompt: str = ONE_IMAGE) -> int:
+    return httpx.post(f"{fleet.url}/generate", json={"prompt": prompt, "stage_params": GEN},
+                      timeout=60).status_code
+
+
+def refusals(fleet: Fleet) -> dict[str, int]:
+    return {s["replica"]: s["answers"].get("503", 0) for s in fleet.stats()}
+
+
+def hold(fleet: Fleet, prompt: str) -> threading.Thread:
+    """Start a request in a thread; return once a replica holds it."""
+    thread = threading.Thread(target=generate, args=(fleet, prompt), daemon=True)
+    thread.start()
+    fleet.wait(lambda stats: any(s["in_flight"] for s in stats), what="a request in flight")
+    return thread
+
+
+def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayCluster) -> None:
+    fleet = deploy(cluster, *PLANNED)
+    # Both replicas measure a generation (two at once: the router spreads them).
+    warm = [threading.Thread(target=generate, args=(fleet,)) for _ in range(2)]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join()
+    stats = fleet.wait(lambda s: all(r["quote"]["generation_s"] for r in s) and s,
+                       what="both replicas measured a generation")
+    busy_long = hold(fleet, script(*[{"action": "image", "prompt": f"p{i}"} for i in range(3)],
+                                   {"action": "final", "text": "ok"}))
+    busy = fleet.wait(lambda s: [r for r in s if r["in_flight"]], what="the long request")[0]
+    assert busy["quote"]["refused"], busy["quote"]  # its stage is planned for 7 generations
+    before = refusals(fleet)
+    codes = [generate(fleet) for _ in range(4)]  # each while the long request runs
+    assert codes == [200] * 4
+    assert refusals(fleet) == before, "a request was sent to the replica whose plan refuses it"
+    busy_long.join()
+    assert len(stats) == 2
+
+
+@pytest.mark.parametrize("retries", [None, 0])
+def test_a_503_is_retried_on_another_replica(cluster: RayCluster, retries: int | None) -> None:
+    fleet = deploy(cluster, "--orchestrator.factory.max_active", "1",
+                   "--generation.factory.step_time_s", "0.01", router="round_robin",
+                   retries=retries)
+    long_one = hold(fleet, script({"action": "image", "prompt": "!sleep=3 long"},
+                                  {"action": "final", "text": "ok"}))
+    codes = [generate(fleet) for _ in range(4)]  # round robin sends half to the busy replica
+    refused = sum(refusals(fleet).values())
+    assert refused >= 1
+    if retries is None:
+        assert codes == [200] * 4  # each 503 retried on the idle replica
+    else:
+        assert codes.count(503) == refused and codes.count(200) == 4 - refused
+    long_one.join()

@@ -1,0 +1,88 @@
+"""Startup that tells the user what is happening: the port is checked before anything loads,
+``/health`` answers ``starting`` (503) while the stages load, one line says when it is ready
+(the playground's URL and a curl that works), ``--help`` shows the defaults, the Makefile takes
+``PORT=``."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.kit import error_message, wait_until
+from tests.metrics.kit import Scrape
+from tests.server import SCRIPTED_UMM, Server, free_port
+
+ROOT = Path(__file__).parents[2]
+SERVE = [sys.executable, "-m", "sglang_omni", "serve"]
+
+
+def test_a_port_in_use_fails_at_once_before_anything_loads(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+        for args in ([*SCRIPTED_UMM], ["--demo"]):  # --demo: before its checkpoint is built
+            start = time.monotonic()
+            done = subprocess.run([*SERVE, *args, "--port", port], capture_output=True,
+                                  text=True, timeout=60, env=env, cwd=ROOT)
+            assert done.returncode == 2, done.stderr
+            assert time.monotonic() - start < 15
+            assert f"cannot listen on 127.0.0.1:{port}: address already in use" in done.stderr
+            assert "stage" not in done.stderr + done.stdout  # no stage was started
+        assert not (tmp_path / "cache").exists()  # nor the demo checkpoint built
+
+
+def test_health_says_starting_while_the_stages_load_then_one_ready_line() -> None:
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "4", wait_ready=False)
+    try:
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{server.url}/health", timeout=1).status_code > 0
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(answers, timeout=30)
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and health.headers["retry-after"]
+        assert health.json()["status"] == "starting"
+        assert health.json()["stages"]["reasoner"]["status"] == "starting"
+        early = httpx.post(f"{server.url}/generate", json={"prompt": "hi"})
+        assert early.status_code == 503 and "the server is starting" in error_message(early)
+        assert Scrape(server).value("sgl_omni_admission_refusals_total", reason="stage_down") == 1
+        assert "ready in" not in server.log()
+        server.wait_ready(60)
+        assert wait_until(lambda: "sgl-omni: ready in" in server.log(), timeout=10)
+        lines = [line for line in server.log().splitlines() if "sgl-omni: ready in" in line]
+        assert len(lines) == 1
+        line = lines[0]
+        assert f"open {server.url}/ (the playground)" in line
+        curl = re.search(r"or try: (curl .*)$", line)
+        assert curl and f"{server.url}/generate" in curl[1]
+        out = subprocess.run(curl[1], shell=True, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "event: complete" in out.stdout and "[DONE]" in out.stdout
+    finally:
+        server.stop()
+
+
+def test_help_shows_the_host_and_port_defaults() -> None:
+    out = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=60)
+    flat = " ".join(out.stdout.split())
+    assert "(default: 127.0.0.1;" in flat and "(default: 8000)" in flat
+    assert "--log-format {text,json}" in flat
+
+
+def test_the_makefile_takes_port_and_host() -> None:
+    port = str(free_port())
+    for target in ("demo", "serve-demo"):
+        out = subprocess.run(["make", "-n", target, f"PORT={port}", "HOST=0.0.0.0"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert f"--host 0.0.0.0 --port {port}" in out.stdout
