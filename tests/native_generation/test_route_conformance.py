@@ -159,6 +159,12 @@ def test_realtime_init_like_the_native_model(server: Server, body: dict[str, Any
 NOT_SERVED = {
     "generator_device": "Omni places the generation on its stage's device",
     "enable_teacache": "native cache acceleration is not exposed per request",
+    "enable_cache_dit": "native cache acceleration is not exposed per request",
+    "cache_dit_params": "native cache acceleration is not exposed per request",
+    "profile": "native profiling writes server-side traces",
+    "profile_all_stages": "native profiling writes server-side traces",
+    "num_profiled_timesteps": "native profiling writes server-side traces",
+    "x264_preset": "Omni encodes the MP4 itself (media/encode.py)",
     "enhance_prompt": "Omni runs no prompt enhancer",
     "task_type": "the Cosmos3 task follows the request's media",
     "background": "Cosmos3 writes opaque PNG",
