@@ -61,10 +61,13 @@ def serve_on_ray(source: ServerSource, options: ScaleOptions, host: str, port: i
     return 0
 
 
-def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """The routing stats of every running replica of ``app_name`` (this process must be
-    connected to the cluster), by asking each replica actor (``record_routing_stats``, the
-    method Ray's controller polls)."""
+def poll_replicas(app_name: str = "omni", timeout_s: float = 10.0
+                  ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Ask every replica actor of ``app_name`` for its routing stats (``record_routing_stats``,
+    the method Ray's controller polls; this process must be connected to the cluster).
+
+    Returns the answers sorted by replica id, and ``{replica id: why}`` for each replica that
+    did not answer within ``timeout_s`` or could not be reached."""
     prefix = f"{REPLICA_ACTOR_PREFIX}{app_name}#OmniReplica#"
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(prefix)]
@@ -75,14 +78,22 @@ def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[
                 .remote()
         except ValueError:  # gone meanwhile
             continue
-    out = []
+    answers, silent = [], {}
     deadline = time.monotonic() + timeout_s
-    for ref in refs.values():
+    for name, ref in refs.items():
+        replica = name.rsplit("#", 1)[-1]
         try:
-            out.append(ray.get(ref, timeout=max(0.1, deadline - time.monotonic())))
-        except (ray.exceptions.RayError, TimeoutError):
-            continue
-    return sorted(out, key=lambda s: s.get("replica", ""))
+            answers.append(ray.get(ref, timeout=max(0.1, deadline - time.monotonic())))
+        except ray.exceptions.GetTimeoutError:
+            silent[replica] = f"no answer in {timeout_s:g} s"
+        except ray.exceptions.RayError as exc:
+            silent[replica] = f"unreachable ({type(exc).__name__})"
+    return sorted(answers, key=lambda s: s.get("replica", "")), silent
+
+
+def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The routing stats of every replica of ``app_name`` that answers (see poll_replicas)."""
+    return poll_replicas(app_name, timeout_s)[0]
 
 
 def format_stats(stats: dict[str, Any]) -> str:
@@ -99,14 +110,17 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 
 def print_replicas(ray_address: str, app_name: str) -> int:
+    """Print one line a replica; exit 1 when there is none or one did not answer."""
     ray.init(address=ray_address, namespace=SERVE_NAMESPACE, logging_level=logging.WARNING)
     try:
-        stats = replica_stats(app_name)
+        answers, silent = poll_replicas(app_name)
     finally:
         ray.shutdown()
-    if not stats:
+    if not answers and not silent:
         print(f"sgl-omni: no running replica of application {app_name!r}", file=sys.stderr)
         return 1
-    for s in stats:
+    for s in answers:
         print(format_stats(s))
-    return 0
+    for replica, why in sorted(silent.items()):
+        print(f"{replica} {why}")
+    return 1 if silent else 0
