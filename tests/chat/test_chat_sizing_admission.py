@@ -22,6 +22,14 @@ from tests.server import Server
 SLOW = {"delay_s": 30}
 
 
+def active_requests(server: Server) -> float:
+    """``sgl_omni_active_requests`` of ``server`` (HTTP requests being served)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    found = re.search(r"^sgl_omni_active_requests (\S+)$", text, re.M)
+    assert found, "no sgl_omni_active_requests in /metrics"
+    return float(found.group(1))
+
+
 def spec(budget: float | None = None, **engine: object) -> EngineSpec:
     return EngineSpec(stage="reasoner", role="reasoner", backend="native", model_path="/ckpt",
                       gpu=0, gpu_memory_fraction=budget, factory={}, engine=dict(engine))
@@ -193,6 +201,9 @@ def test_admission_released_by_completion_failure_and_disconnect(bounded: Server
             httpx.post(f"{bounded.url}{CHAT}", json={"messages": say("slow", **SLOW)},
                        timeout=0.5)
     assert wait_until(lambda: chat(bounded, {"messages": say("ok")}).status_code == 200)
+    # every abandoned request has ended on the server (one free slot, seen above, is not both:
+    # a loaded machine notices the last disconnect later)
+    assert wait_until(lambda: active_requests(bounded) == 0)
     results: list[int] = []
     threads = [threading.Thread(target=lambda: results.append(
         chat(bounded, {"messages": say("ok", delay_s=0.5)}).status_code)) for _ in range(2)]
