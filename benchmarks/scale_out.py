@@ -11,17 +11,19 @@ router, and offers each load: Poisson arrivals at ``load`` x the cluster's gener
 waits for every request to end. A request is one modality (image 60 %, video 40 %; an image is 4
 denoising steps, a video 12) and 0-8 generations (uniform), streamed from ``/generate``.
 
-``deadline`` is the deadline-aware router with 503 retries (the default of ``sgl-omni serve
---ray``); ``pow2`` (Ray's default) and ``round_robin`` run without retries, as Ray routes;
-``pow2+retry`` adds our retries to Ray's router. One replica is run with ``deadline`` only (the
-routers agree there).
+``deadline`` is the deadline-aware router with 503 retries and requests waiting at the gateway
+for a replica that admits them (the defaults of ``sgl-omni serve --ray``; ``deadline+nowait``:
+``--max-wait-s 0``); ``pow2`` (Ray's default) and ``round_robin`` run without retries, as Ray
+routes; ``pow2+retry`` adds our retries to Ray's router. One replica is run with ``deadline``
+only (the routers agree there).
 
 Columns: ``thr/s`` completed requests per second of the run (arrivals and drain); ``goodput/s``
 those completed before their deadline (``timeout_s`` after arrival); ``p50``/``p99`` latency of
 completed requests (s); ``503`` the share of requests answered 503 (refused at admission, after
 retries); ``ff`` requests failed fast after admission (503 in the stream); ``t/o`` admitted
 requests that timed out; ``idle|q`` the generation stages' idle share of the time a generation
-was queued (summed over replicas, from their routing stats).
+was queued (summed over replicas, from their routing stats); ``busy`` the generation stages' busy
+share of the run (a generation running).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Point:
     span_s: float = 0.0
     idle_queued: float = 0.0
     queued: float = 0.0
+    busy: float = 0.0
 
 
 def mean_stage_s(step_time: float) -> float:
@@ -134,34 +137,38 @@ async def one(client: httpx.AsyncClient, url: str, spec: Spec, start: float) -> 
     return out
 
 
-def stage_totals() -> tuple[float, float]:
+def stage_totals() -> tuple[float, float, float]:
     stats = replica_stats(APP)
-    return (sum(s["idle_queued_s"] for s in stats), sum(s["queued_s"] for s in stats))
+    return (sum(s["idle_queued_s"] for s in stats), sum(s["queued_s"] for s in stats),
+            sum(s["busy_s"] for s in stats))
 
 
 async def run_load(url: str, point: Point, rate: float, args: argparse.Namespace,
                    timeout_s: float) -> None:
     specs = trace(rate, args.duration, random.Random(f"{args.seed}-{point.replicas}-{point.load}"))
-    idle0, queued0 = stage_totals()
+    idle0, queued0, busy0 = stage_totals()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=timeout_s + 60, limits=limits) as client:
         start = time.monotonic()
         point.outcomes = await asyncio.gather(*(one(client, url, s, start) for s in specs))
         point.span_s = time.monotonic() - start
-    idle1, queued1 = stage_totals()
+    idle1, queued1, busy1 = stage_totals()
     point.idle_queued, point.queued = idle1 - idle0, queued1 - queued0
+    point.busy = busy1 - busy0
 
 
 def deploy(replicas: int, router: str, args: argparse.Namespace) -> None:
     if APP in serve.status().applications:
         serve.delete(APP)
-    name, _, retry = router.partition("+")
+    name, _, variant = router.partition("+")
     overrides = {"generation.factory.step_time_s": args.step_time,
                  "orchestrator.factory.timeout_s": args.timeout,
                  "orchestrator.factory.max_active": 64}
     source = ServerSource.from_file(CONFIG, overrides)
-    retries = None if name == "deadline" or retry else 0
-    serve.run(build(source, ScaleOptions(replicas=replicas, router=name, retries=retries)),
+    retries = None if name == "deadline" or variant == "retry" else 0
+    max_wait_s = 0.0 if variant == "nowait" else 30.0
+    serve.run(build(source, ScaleOptions(replicas=replicas, router=name, retries=retries,
+                                         max_wait_s=max_wait_s)),
               name=APP, route_prefix="/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -200,18 +207,19 @@ def row(p: Point, timeout_s: float) -> dict[str, Any]:
         "t/o": sum(o.end == "timeout" for o in p.outcomes),
         "errors": sum(o.end in ("error", "transport") for o in p.outcomes),
         "idle|q": p.idle_queued / p.queued if p.queued else 0.0,
+        "busy": p.busy / (p.span_s * p.replicas) if p.span_s else 0.0,
     }
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = ["replicas", "router", "load", "requests", "thr/s", "goodput/s", "p50", "p99", "503",
-            "ff", "t/o", "errors", "idle|q"]
+            "ff", "t/o", "errors", "idle|q", "busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = []
         for k in head:
             v = r[k]
-            if k in ("503", "idle|q"):
+            if k in ("503", "idle|q", "busy"):
                 cells.append(f"{100 * v:.1f}%")
             elif isinstance(v, float) and k != "load":
                 cells.append(f"{v:.2f}")

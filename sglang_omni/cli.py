@@ -54,6 +54,10 @@ def _ray_args(p: argparse.ArgumentParser) -> None:
         "retry a 503 on another replica up to N times (default: replicas - 1, at most 3)"))
     ray.add_argument("--gateways", type=int, default=1, metavar="N",
                      help="gateway replicas in front of the replicas (default 1)")
+    ray.add_argument("--max-wait-s", type=float, default=30.0, metavar="S", help=(
+        "deadline router: an interleaved request no replica's plan admits now waits at the "
+        "gateway up to S seconds for one that will, its deadline counted from its arrival "
+        "(default 30; 0 answers 503 at once)"))
 
 
 def build_parser() -> argparse.ArgumentParser:

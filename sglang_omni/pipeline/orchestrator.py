@@ -281,7 +281,7 @@ class Orchestrator:
             )
         run = self.controller.open(request)
         try:
-            self.scheduler.admit(request.rid)
+            self.scheduler.admit(request.rid, request.waited_s)
         except BaseException as exc:
             run.close()
             if isinstance(exc, ServiceUnavailable):

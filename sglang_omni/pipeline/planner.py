@@ -20,7 +20,9 @@ The rules (after every event the plan is settled in the stage's order):
 
 1. *Admission.* A new request is planned behind every active request: it gets as many of its
    ``max_generations`` as end before its deadline. It is refused (HTTP 503, retry later) when that
-   is fewer than an idle server would give it.
+   is fewer than an idle server would give it. A request that already waited elsewhere (a
+   fleet gateway's queue: ``Admit.waited_s``) has its deadline that much earlier, and is compared
+   with what an idle server would have given it on arrival.
 2. *Longer times.* When a longer time is measured (the first measurement after startup included)
    the plan is computed again in admission order, each request keeping at most its allowance. A
    request left with none is offered only a final answer; a generation it has already chosen (in
@@ -223,7 +225,7 @@ class GenerationPlanner:
         before = {rid: r.allowance for rid, r in self._requests.items()}
         failed = self._settle(now)
         if isinstance(event, Admit):
-            result.refused = self._admit(event.request_id, now)
+            result.refused = self._admit(event.request_id, now, event.waited_s)
         if result.turn_of is not None and result.turn_of in self._requests:
             # The turn this event started is offered a generation if the settled plan allows one.
             req = self._requests[result.turn_of]
@@ -294,19 +296,23 @@ class GenerationPlanner:
         result.turn_of = req.request_id
 
     # --- admission -------------------------------------------------------------------------------
-    def _admit(self, request_id: str, now: float) -> str | None:
-        """Plan a new request (rule 1, rule 5); the refusal message, or None when admitted."""
+    def _admit(self, request_id: str, now: float, waited_s: float = 0.0) -> str | None:
+        """Plan a new request (rule 1, rule 5) that already waited ``waited_s`` elsewhere; the
+        refusal message, or None when admitted."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id} is already active")
-        allowance, _, refusal = self._offer(now)
+        waited_s = max(0.0, waited_s)
+        allowance, _, refusal = self._offer(now, waited_s)
         if refusal is None:
             self._requests[request_id] = PlannedRequest(
-                request_id, now, now + self.config.timeout_s, Phase.REASONING, now, allowance, 0,
-                allowance > 0)
+                request_id, now, now - waited_s + self.config.timeout_s, Phase.REASONING, now,
+                allowance, 0, allowance > 0)
         return refusal
 
-    def _offer(self, now: float) -> tuple[int, int, str | None]:
-        """``(allowance, idle allowance, refusal)`` of a request admitted now; changes nothing."""
+    def _offer(self, now: float, waited_s: float = 0.0) -> tuple[int, int, str | None]:
+        """``(allowance, idle allowance, refusal)`` of a request admitted now after waiting
+        ``waited_s`` elsewhere (the idle allowance is an idle server's on its arrival);
+        changes nothing."""
         cfg = self.config
         times = self.times
         if times.generation_s is None:
@@ -324,27 +330,32 @@ class GenerationPlanner:
                 f"around it ({times.reasoner:.1f} s each) takes longer than timeout_s "
                 f"({cfg.timeout_s:g} s); retry later.")
         _, free = project(list(self._requests.values()), now, times)
-        allowance = self._fit_new(now, free, times)
+        allowance = self._fit_new(now, free, times, waited_s)
         if allowance < idle:
+            waited = (f", after waiting {waited_s:.1f} s in the fleet's queue" if waited_s > 0
+                      else "")
             return allowance, idle, (
                 f"The generation stage is fully planned: behind the generations planned "
                 f"for the {len(self._requests)} active requests this request could run "
                 f"only {allowance} of the {idle} generations an idle server would give it "
-                f"before its deadline (timeout_s {cfg.timeout_s:g} s); retry later.")
+                f"before its deadline (timeout_s {cfg.timeout_s:g} s{waited}); retry later.")
         return allowance, idle, None
 
-    def _fit_new(self, now: float, free: float, times: MeasuredTimes) -> int:
-        """The most generations a request admitted now fits behind a stage free at ``free``."""
-        probe = self._probe(now)
+    def _fit_new(self, now: float, free: float, times: MeasuredTimes,
+                 waited_s: float = 0.0) -> int:
+        """The most generations a request admitted now, after waiting ``waited_s`` elsewhere,
+        fits behind a stage free at ``free``."""
+        probe = self._probe(now, waited_s)
         for allowance in range(self.config.max_generations, 0, -1):
             if worst_case(probe, allowance, free, now, times)[0] <= probe.deadline + EPS:
                 return allowance
         return 0
 
-    def _probe(self, now: float) -> PlannedRequest:
-        """A request admitted at ``now`` whose first turn runs, offered a generation."""
-        return PlannedRequest("", now, now + self.config.timeout_s, Phase.REASONING, now, 0, 0,
-                              True)
+    def _probe(self, now: float, waited_s: float = 0.0) -> PlannedRequest:
+        """A request admitted at ``now`` (after waiting ``waited_s`` elsewhere) whose first turn
+        runs, offered a generation."""
+        return PlannedRequest("", now, now - waited_s + self.config.timeout_s, Phase.REASONING,
+                              now, 0, 0, True)
 
     # --- settling the plan -----------------------------------------------------------------------
     def _settle(self, now: float) -> list[FailFast]:

@@ -39,9 +39,15 @@ class PlannerConfig:
 @dataclass(frozen=True)
 class Admit:
     """A new request arrived. Admitted (``update.refused`` is None), it starts its first Reasoner
-    turn at once, offered ``allowance(request_id)`` generations."""
+    turn at once, offered ``allowance(request_id)`` generations.
+
+    ``waited_s``: how long the request already waited before it reached this server (in a
+    fleet gateway's queue; 0 for a client's own request). Its deadline is ``timeout_s`` after it
+    arrived there, and it is admitted only if that still leaves it what an idle server would
+    have given it on arrival."""
 
     request_id: str
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True)

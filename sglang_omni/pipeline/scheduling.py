@@ -69,9 +69,10 @@ class PlannedGenerations:
         self._ticker: asyncio.Task | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def admit(self, rid: str) -> None:
-        """Plan a new request; ServiceUnavailable when the planner refuses it."""
-        update = self.planner.handle(Admit(rid))
+    def admit(self, rid: str, waited_s: float = 0.0) -> None:
+        """Plan a new request that already waited ``waited_s`` before it reached this server
+        (see :class:`Admit`); ServiceUnavailable when the planner refuses it."""
+        update = self.planner.handle(Admit(rid, waited_s))
         if update.refused is None:
             self.requests[rid] = _Request()
         self._act(update)

@@ -46,6 +46,9 @@ class UMMRequest:
     media_policy: Any = None
     #: ``history_bytes(messages)`` when the caller measured it already (off the event loop).
     history_size: int | None = None
+    #: Seconds the request waited before it reached this server (a fleet gateway's queue): its
+    #: deadline (``timeout_s``) counts from its arrival there.
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -262,7 +265,8 @@ class UMMController:
         except BaseException:
             adapter.close()
             raise
-        return UMMRun(self, request, adapter, state, step, self.clock() + self.limits.timeout_s)
+        return UMMRun(self, request, adapter, state, step,
+                      self.clock() - request.waited_s + self.limits.timeout_s)
 
 
 def _sha256(data: bytes | bytearray) -> str:

@@ -1,11 +1,13 @@
-"""One HTTP request run through an ASGI app inside this process, its answer as message batches.
+"""One HTTP request or WebSocket session run through an ASGI app inside this process, its
+answer as message batches.
 
 A replica runs the whole Omni FastAPI app in its own process and serves each request the gateway
 forwards to it (:mod:`~sglang_omni.scale.gateway`) through :func:`call_asgi`. The app sees what
 uvicorn would give it: the body at once, then ``http.disconnect`` when the caller goes away.
 Closing or cancelling the iterator is the caller going away: the app is told the client
 disconnected and given ``grace_s`` to end (so an abort reaches the stages, as on one server)
-before it is cancelled.
+before it is cancelled. A WebSocket session runs the same way (:func:`run_asgi`), its client's
+messages taken from a queue the relay fills (:func:`websocket_receiver`).
 """
 
 from __future__ import annotations
@@ -41,15 +43,26 @@ def http_scope(request: dict[str, Any]) -> Scope:
     }
 
 
+def websocket_scope(request: dict[str, Any]) -> Scope:
+    """The ASGI ``websocket`` scope of a session forwarded as :func:`forwarded` built it."""
+    scope = http_scope(request)
+    scope["type"] = "websocket"
+    scope["scheme"] = request.get("scheme", "ws")
+    scope["subprotocols"] = list(request.get("subprotocols", []))
+    del scope["method"]
+    return scope
+
+
 def forwarded(scope: Scope, body: bytes) -> dict[str, Any]:
     """What a replica needs of an ``http`` request: its scope's plain fields and its body."""
     return {
-        "http_version": scope.get("http_version", "1.1"), "method": scope["method"],
+        "http_version": scope.get("http_version", "1.1"), "method": scope.get("method", "GET"),
         "scheme": scope.get("scheme", "http"), "path": scope["path"],
         "raw_path": scope.get("raw_path"), "query_string": scope.get("query_string", b""),
         "headers": [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])],
         "client": tuple(scope["client"]) if scope.get("client") else None,
         "server": tuple(scope["server"]) if scope.get("server") else None,
+        "subprotocols": list(scope.get("subprotocols", [])),
         "body": body,
     }
 
@@ -61,17 +74,55 @@ async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GR
     An exception the app raises is raised here after the messages it sent. See the module
     docstring for what closing the iterator early does.
     """
-    queue: asyncio.Queue[Message] = asyncio.Queue(MAX_AHEAD)
-    gone = asyncio.Event()
     body_given = False
 
-    async def receive() -> Message:
-        nonlocal body_given
-        if not body_given:
-            body_given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
+    def receiver(gone: asyncio.Event) -> Receive:
+        async def receive() -> Message:
+            nonlocal body_given
+            if not body_given:
+                body_given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+        return receive
+
+    async for batch in run_asgi(app, scope, receiver, grace_s):
+        yield batch
+
+
+def websocket_receiver(inbound: asyncio.Queue[Message]) -> Callable[[asyncio.Event], Receive]:
+    """The ``receive`` of a relayed WebSocket session: the client's messages as the relay puts
+    them on ``inbound``; once the caller has gone, ``websocket.disconnect`` (code 1006)."""
+    def receiver(gone: asyncio.Event) -> Receive:
+        async def receive() -> Message:
+            if gone.is_set() and inbound.empty():
+                return {"type": "websocket.disconnect", "code": 1006}
+            getter = asyncio.ensure_future(inbound.get())
+            waiter = asyncio.ensure_future(gone.wait())
+            try:
+                await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                return getter.result()
+            return {"type": "websocket.disconnect", "code": 1006}
+        return receive
+    return receiver
+
+
+async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event], Receive],
+                   grace_s: float = GRACE_S) -> AsyncIterator[list[Message]]:
+    """Run ``app`` on ``scope`` with ``receiver(gone)`` as its ``receive`` (``gone`` is set when
+    the caller goes away); yield the messages it sends, in batches (all that are ready).
+
+    An exception the app raises is raised here after the messages it sent. Closing the iterator
+    early sets ``gone``, gives the app ``grace_s`` to end, then cancels it.
+    """
+    queue: asyncio.Queue[Message] = asyncio.Queue(MAX_AHEAD)
+    gone = asyncio.Event()
+    receive = receiver(gone)
 
     async def send(message: Message) -> None:
         if gone.is_set():

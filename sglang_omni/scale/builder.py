@@ -60,6 +60,7 @@ def application(plan: ReplicaPlan, config: ResolvedConfig, options: ScaleOptions
         max_ongoing_requests=MAX_ONGOING,
         request_router_config={
             "request_router_class": ROUTERS[options.router],
+            "request_router_kwargs": router_kwargs(options),
             "request_routing_stats_period_s": options.stats_period_s,
             "request_routing_stats_timeout_s": STATS_TIMEOUT_S},
         health_check_period_s=options.health_check_period_s,
@@ -72,6 +73,11 @@ def application(plan: ReplicaPlan, config: ResolvedConfig, options: ScaleOptions
     )(Gateway).bind(replica, config.server, options.retry_limit, options.replicas)
 
 
+def router_kwargs(options: ScaleOptions) -> dict[str, Any]:
+    """The router's ``initialize_state`` keywords (only ours take any)."""
+    return {"max_wait_s": options.max_wait_s} if options.router == "deadline" else {}
+
+
 def build(source: ServerSource, options: ScaleOptions) -> Application:
     """Check ``source`` here (ConfigError) and build its application."""
     plan, config = plan_replicas(source)
@@ -79,6 +85,7 @@ def build(source: ServerSource, options: ScaleOptions) -> Application:
 
 
 OPTION_KEYS = {"replicas": int, "router": str, "retries": int, "gateways": int,
+               "max_wait_s": float,
                "stats_period_s": float, "replica_cpus": float, "health_check_period_s": float}
 
 

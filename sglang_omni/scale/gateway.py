@@ -5,6 +5,9 @@ body, asks the replicas' router for a replica and relays that replica's answer u
 headers, every body chunk as it comes, so streams stream). Ray's proxy answers a request from the
 first replica it reaches; the gateway is what can look at the answer first:
 
+* a request on a planned route (:data:`PLANNED`) carries its arrival time (``arrived_at``): the
+  deadline router may hold it until a replica admits it (``max_wait_s``), and the replica counts
+  its deadline from that arrival (:mod:`~sglang_omni.serve.fleet_queue`);
 * a 503 (admission refused: the plan, ``max_active``, a restarting stage) is retried on another
   replica, up to ``retries`` times, the replicas that refused it passed to the router as
   ``exclude``; the last 503 reaches the client as it was;
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -50,6 +54,8 @@ log = logging.getLogger("sglang_omni.scale")
 #: Paths of results one replica holds (``GET``/``DELETE`` by id): a 404 is asked elsewhere.
 HELD_RESULT = re.compile(r"^/v1/(videos|images)/[^/]+(/content)?/?$")
 LOOKUP_METHODS = ("GET", "HEAD", "DELETE")
+#: The routes the deadline plan admits: a request on one may wait for a replica that admits it.
+PLANNED = re.compile(r"^/(generate|v1/chat/completions)/?$")
 WEBSOCKET_REFUSAL = ("WebSocket routes are not served through the Ray Serve fleet; connect to "
                      "one server for them")
 REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
@@ -105,7 +111,10 @@ class OmniGateway:
             return
         if body is None:
             return  # the client left before its body arrived
-        relay = asyncio.ensure_future(self._relay(scope, forwarded(scope, body), send))
+        arrived_at = time.time() if (scope["method"] == "POST"
+                                     and PLANNED.match(scope["path"])) else None
+        relay = asyncio.ensure_future(self._relay(scope, forwarded(scope, body), send,
+                                                  arrived_at))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -149,12 +158,14 @@ class OmniGateway:
                 and HELD_RESULT.match(scope["path"]) is not None
                 and attempt < self.replica_count - 1)
 
-    async def _relay(self, scope: Scope, request: dict[str, Any], send: Send) -> None:
+    async def _relay(self, scope: Scope, request: dict[str, Any], send: Send,
+                     arrived_at: float | None) -> None:
         tried: list[str] = []
         attempt = 0
         while True:
             refused = await self._attempt(scope, request, send, tried,
-                                          partial(self.may_retry, scope, attempt=attempt))
+                                          partial(self.may_retry, scope, attempt=attempt),
+                                          arrived_at)
             if refused is None:
                 return
             log.info("replica %s answered %s %s with %d; asking another replica",
@@ -163,11 +174,16 @@ class OmniGateway:
             attempt += 1
 
     async def _attempt(self, scope: Scope, request: dict[str, Any], send: Send,
-                       tried: list[str], may_retry: Callable[[int], bool]) -> _Refused | None:
+                       tried: list[str], may_retry: Callable[[int], bool],
+                       arrived_at: float | None) -> _Refused | None:
         """Forward to one replica and relay its answer; the answer held back when
-        ``may_retry(status)``."""
+        ``may_retry(status)``. ``arrived_at`` (planned routes only) lets the router hold the
+        request until a replica admits it, and the replica count its deadline from then."""
+        kwargs: dict[str, Any] = {"exclude": list(tried)}
+        if arrived_at is not None:
+            kwargs["arrived_at"] = arrived_at
         call = cast(DeploymentResponseGenerator,
-                    self.replicas.options(stream=True).call.remote(request, exclude=list(tried)))
+                    self.replicas.options(stream=True).call.remote(request, **kwargs))
         started: Message | None = None
         held: _Refused | None = None
         try:

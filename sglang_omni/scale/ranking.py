@@ -11,10 +11,17 @@ planned time (the planned time is shared out evenly over the planner's active re
 do not say which request holds how much).
 
 A replica *admits* a request when it is healthy, below ``max_active``, and its stage, at that
-estimate, is free within its quote's horizon (the planner's own admission rule). The order:
+estimate, is free within its quote's horizon (the planner's own admission rule), less the time the
+request already waited in the gateway's queue (its deadline counts from its arrival there). The
+order:
 replicas that admit before those that do not, then the earliest stage (so the request's first
 generation starts soonest), then the fewest requests in flight; ties are broken at random. The
 router never prefers a replica that would refuse a request while another would admit it.
+
+A request that no replica admits now *waits* (:func:`should_wait`) when one could admit it later:
+a healthy replica with a planner whose horizon the request's wait has not used up. Replicas'
+planned times are worst cases, so stages free up earlier than planned and a waiting request is
+admitted then, instead of being refused with 503 while the fleet still has time for it.
 """
 
 from __future__ import annotations
@@ -53,9 +60,11 @@ class Since:
     ended: int = 0
 
 
-def standing(stats: Mapping[str, Any] | None, since: Since, now: float) -> Standing:
+def standing(stats: Mapping[str, Any] | None, since: Since, now: float,
+             waited_s: float = 0.0) -> Standing:
     """Where a replica stands for a request routed at ``now`` (wall-clock seconds, the clock of
-    ``stats["at"]``), its stats corrected by ``since``."""
+    ``stats["at"]``) after waiting ``waited_s`` in the gateway, its stats corrected by
+    ``since``."""
     if not stats or stats.get("health") != "ok":
         return UNKNOWN
     elapsed = max(0.0, now - float(stats.get("at", now)))
@@ -77,18 +86,44 @@ def standing(stats: Mapping[str, Any] | None, since: Since, now: float) -> Stand
     if horizon is None:  # nothing measured yet (admits), or no generation fits (refuses)
         refuses = bool(quote["refused"])
     else:
-        refuses = free_in > float(horizon) + EPS
+        refuses = free_in > float(horizon) - waited_s + EPS
     return Standing(full or refuses, free_in, load)
+
+
+def could_admit_later(stats: Mapping[str, Any] | None, waited_s: float) -> bool:
+    """Whether a replica that refuses a request now may admit it later: it is healthy and
+    plans generations (a quote with a horizon) and the request's wait leaves some of that
+    horizon (an idle stage would admit it)."""
+    if not stats or stats.get("health") != "ok":
+        return False
+    quote = stats.get("quote")
+    horizon = quote.get("horizon_s") if quote else None
+    return horizon is not None and waited_s < float(horizon) - EPS
+
+
+def should_wait(replicas: Sequence[K], stats: Mapping[K, Mapping[str, Any] | None],
+                since: Mapping[K, Since], now: float, waited_s: float,
+                exclude: frozenset[K] = frozenset()) -> bool:
+    """Whether a request that waited ``waited_s`` should keep waiting rather than be sent now:
+    no replica (of those not in ``exclude``, unless all are) admits it now, and one could
+    later."""
+    pool = [r for r in replicas if r not in exclude] or list(replicas)
+    if not pool or any(not standing(stats.get(r), since.get(r, Since()), now, waited_s).refuses
+                       for r in pool):
+        return False
+    return any(could_admit_later(stats.get(r), waited_s) for r in pool)
 
 
 def deadline_order(replicas: Sequence[K], stats: Mapping[K, Mapping[str, Any] | None],
                    since: Mapping[K, Since], now: float, exclude: frozenset[K] = frozenset(),
-                   rng: random.Random | None = None) -> list[K]:
-    """``replicas`` best first (see the module docstring), those in ``exclude`` (already tried
-    for this request) left out unless every replica is excluded."""
+                   rng: random.Random | None = None, waited_s: float = 0.0) -> list[K]:
+    """``replicas`` best first for a request that waited ``waited_s`` (see the module
+    docstring), those in ``exclude`` (already tried for this request) left out unless every
+    replica is excluded."""
     pool = [r for r in replicas if r not in exclude] or list(replicas)
     draw = (rng or random).random
-    keyed = [(standing(stats.get(r), since.get(r, Since()), now), draw(), r) for r in pool]
+    keyed = [(standing(stats.get(r), since.get(r, Since()), now, waited_s), draw(), r)
+             for r in pool]
     keyed.sort(key=lambda item: (item[0], item[1]))
     return [r for _, _, r in keyed]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from sglang_omni.scale.asgi_call import Message, call_asgi, http_scope
 from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
 from sglang_omni.serve.app import create_app
+from sglang_omni.serve.fleet_queue import WAITED_S_KEY
 
 log = logging.getLogger("sglang_omni.scale")
 
@@ -61,15 +63,20 @@ class OmniReplica:
         log.info("replica %s ready (pid stages: %s)", self.id, ", ".join(
             f"{n} {h.pid}" for n, h in self.orchestrator.stages.handles.items()))
 
-    async def call(self, request: dict[str, Any], exclude: list[str] | None = None
-                   ) -> AsyncIterator[str | list[Message]]:
+    async def call(self, request: dict[str, Any], exclude: list[str] | None = None,
+                   arrived_at: float | None = None) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
-        in batches. ``exclude`` is for the router (replicas that refused it), not used here."""
+        in batches. ``exclude`` is for the router (replicas that refused it), not used here;
+        ``arrived_at`` (wall clock) is when a planned request reached the gateway: its deadline
+        counts from then (:mod:`~sglang_omni.serve.fleet_queue`)."""
         path = request["path"]
         self.stats.started(path)  # before the first yield: the stats count it from now
+        scope = http_scope(request)
+        if arrived_at is not None:
+            scope[WAITED_S_KEY] = max(0.0, time.time() - float(arrived_at))
         try:
             yield self.id
-            async for batch in call_asgi(self.app, http_scope(request), request["body"]):
+            async for batch in call_asgi(self.app, scope, request["body"]):
                 for message in batch:
                     if message["type"] == "http.response.start":
                         self.stats.answered(int(message["status"]))

@@ -19,7 +19,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from sglang_omni.scale.ranking import Since, deadline_order, rotation
+from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
 
 #: ``--router`` choices and the router classes they name.
 ROUTERS: dict[str, str] = {
@@ -45,6 +45,13 @@ def excluded(pending: PendingRequest | None) -> frozenset[str]:
     return frozenset(pending.kwargs.get("exclude") or ())
 
 
+def waited(pending: PendingRequest | None, now: float) -> float | None:
+    """Seconds since the request arrived at the gateway (its ``arrived_at`` keyword, wall
+    clock), or None for a request the gateway does not let wait (not a planned route)."""
+    arrived = pending.kwargs.get("arrived_at") if pending is not None else None
+    return None if arrived is None else max(0.0, now - float(arrived))
+
+
 def _by_id(replicas: list[RunningReplica]) -> dict[str, RunningReplica]:
     return {r.replica_id.unique_id: r for r in replicas}
 
@@ -65,9 +72,15 @@ class DeadlineRouter(RequestRouter):
     (requests routed at once must see each other), is moved if Ray sends it elsewhere
     (``on_request_routed``), and ends with ``on_request_completed``; one chosen but never sent
     is forgotten after :data:`UNSENT_S`.
+
+    A planned request (one the gateway sent with ``arrived_at``) that no replica admits now
+    waits while one could admit it later (:func:`~sglang_omni.scale.ranking.should_wait`), at
+    most ``max_wait_s`` (a keyword of ``initialize_state``; 0: never): the router returns no
+    replica, and Ray asks again after a backoff of at most half a second.
     """
 
-    def initialize_state(self, **kwargs: Any) -> None:
+    def initialize_state(self, max_wait_s: float = 0.0, **kwargs: Any) -> None:
+        self.max_wait_s = float(max_wait_s)
         self._calls: dict[str, dict[str, _Call]] = {}
         self._where: dict[str, str] = {}  # request id -> the replica its call is filed under
         self._rng = random.Random()
@@ -122,8 +135,13 @@ class DeadlineRouter(RequestRouter):
         for gone in set(self._calls) - set(by_id):
             for rid in self._calls.pop(gone):
                 self._where.pop(rid, None)
+        wait = waited(pending_request, now)
+        if (wait is not None and wait < self.max_wait_s
+                and should_wait(sorted(by_id), stats, since, now, wait,
+                                excluded(pending_request))):
+            return []
         order = deadline_order(sorted(by_id), stats, since, now, excluded(pending_request),
-                               self._rng)
+                               self._rng, wait or 0.0)
         if order and pending_request is not None:
             self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False)
         return [[by_id[k]] for k in order]

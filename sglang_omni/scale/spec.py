@@ -12,6 +12,7 @@ stage on the CPU (``gpu: null``) none. Model paths and media folders must exist 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -73,11 +74,14 @@ class ServerSource:
 class ScaleOptions:
     """The fleet: ``replicas`` whole servers behind ``gateways`` gateway replicas; ``router``
     picks the replica (``deadline``, ``pow2`` or ``round_robin``); a 503 is retried on another
-    replica up to ``retries`` times (None: one less than the replicas, at most 3)."""
+    replica up to ``retries`` times (None: one less than the replicas, at most 3); with the
+    ``deadline`` router a planned request no replica admits now waits at the gateway up to
+    ``max_wait_s`` for one that will (0: refused at once)."""
 
     replicas: int = 2
     router: str = "deadline"
     retries: int | None = None
+    max_wait_s: float = 30.0
     gateways: int = 1
     stats_period_s: float = 0.5
     replica_cpus: float = 1.0
@@ -94,6 +98,9 @@ class ScaleOptions:
                               f"{self.router!r}")
         if self.retries is not None and self.retries < 0:
             raise ConfigError(f"--retries: expected 0 or more, got {self.retries}")
+        if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
+            raise ConfigError(f"--max-wait-s: expected a number of seconds >= 0, got "
+                              f"{self.max_wait_s}")
         if not self.stats_period_s > 0:
             raise ConfigError(f"stats_period_s: expected a positive number, got "
                               f"{self.stats_period_s}")
@@ -138,5 +145,5 @@ def from_cli(args: argparse.Namespace, extra: list[str]) -> tuple[ServerSource, 
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domain=args.allowed_media_domain, api_key=args.api_key)
     options = ScaleOptions(replicas=args.replicas, router=args.router, retries=args.retries,
-                           gateways=args.gateways)
+                           gateways=args.gateways, max_wait_s=args.max_wait_s)
     return source, options

@@ -24,6 +24,7 @@ from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
 from sglang_omni.serve.chat_request import parse_chat_request
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
+from sglang_omni.serve.fleet_queue import waited_s
 from sglang_omni.serve.generate_request import parse_generate_request
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
 from sglang_omni.serve.mode_routes import ModeRoutes, check_model
@@ -52,10 +53,11 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     generation = config.stages.get("generation")
     multiple = size_multiple(generation.factory.get("backend") if generation else None)
 
-    async def open_run(rid: str, messages: list, sampling: dict, stage_params: dict,
-                       stage_sampling: dict) -> UMMRun:
+    async def open_run(request: Request, rid: str, messages: list, sampling: dict,
+                       stage_params: dict, stage_sampling: dict) -> UMMRun:
         """Check the generation limits, measure the history off the event loop, open the run
-        (400/503 before any model work). The rid is claimed: refused, it is free again;
+        (400/503 before any model work; the deadline counts from the request's arrival at a
+        fleet gateway, when one forwarded it). The rid is claimed: refused, it is free again;
         admitted, it ends with the run."""
         try:
             check_generation_limits(stage_params.get("generation") or {}, config.server,
@@ -65,7 +67,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
             run = orchestrator.open_interleaved(UMMRequest(
                 rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
                 stage_sampling=stage_sampling, media_policy=orchestrator.policy,
-                history_size=history_size))
+                history_size=history_size, waited_s=waited_s(request.scope)))
             note_run(run)
             return run
         except BaseException:
@@ -113,7 +115,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
             raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
         rid = orchestrator.ids.claim(req.rid)
         note_rid(rid)
-        run = await open_run(rid, req.messages, req.sampling, req.stage_params,
+        run = await open_run(request, rid, req.messages, req.sampling, req.stage_params,
                              req.stage_sampling)
         stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
             if req.stream else None
@@ -131,7 +133,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
         note_rid(rid)
-        run = await open_run(rid, req.messages, req.sampling, req.stage_params,
+        run = await open_run(request, rid, req.messages, req.sampling, req.stage_params,
                              req.stage_sampling)
         return await respond(request, run,
                              (lambda ev: generate_sse(ev, rid)) if req.stream else None,

@@ -84,3 +84,23 @@ def test_no_generation_fits_an_idle_server() -> None:
     measure(planner, reasoner=1, image=20)
     quote = planner.quote()
     assert quote.idle == 0 and quote.refused and quote.horizon_s is None
+
+
+def test_a_request_that_waited_has_an_earlier_deadline_and_the_horizon_less_its_wait() -> None:
+    planner, clock = make()
+    measure(planner, reasoner=1, image=10)
+    assert planner.handle(Admit("A", waited_s=30.0)).refused is None
+    deadline = next(p.deadline for p in planner.plan() if p.request_id == "A")
+    assert deadline == pytest.approx(clock.now + 70.0)  # timeout_s counts from its arrival
+    # Behind A (stage free in ~22 s) the horizon is 78 s: a request that waited 50 s tolerates
+    # only 28 s, and is refused, while one that waited 60 s is not admitted even alone.
+    free_in = planner.quote().stage_free_in_s
+    assert planner.quote().horizon_s - 50.0 > free_in
+    assert planner.handle(Admit("B", waited_s=50.0)).refused is None
+    refusal = planner.handle(Admit("C", waited_s=60.0)).refused
+    assert refusal is not None and "after waiting 60.0 s in the fleet's queue" in refusal
+    # An idle server: fine up to the horizon (78 s), not after it (it would plan fewer than 2).
+    for wait, refused in ((77.0, False), (79.0, True), (0.0, False)):
+        idle, _ = make()
+        measure(idle, reasoner=1, image=10)
+        assert (idle.handle(Admit("D", waited_s=wait)).refused is not None) is refused, wait

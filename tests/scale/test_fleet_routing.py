@@ -1,11 +1,13 @@
 """Routing in a fleet of two replicas: the deadline router sends a request to the replica whose
 plan admits it, never to one whose plan would refuse it while the other admits it; a 503 from one
 replica is retried on the other before the client sees it (round robin, which does not look at
-the plans, shows both: with retries the client never sees the 503, without them it does)."""
+the plans, shows both: with retries the client never sees the 503, without them it does). A
+request no replica admits now waits at the gateway for one that will, unless ``max_wait_s`` is 0."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -77,3 +79,37 @@ def test_a_503_is_retried_on_another_replica(cluster: RayCluster, retries: int |
     else:
         assert codes.count(503) == refused and codes.count(200) == 4 - refused
     long_one.join()
+
+
+@pytest.mark.parametrize("max_wait_s", [30.0, 0.0])
+def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
+                                                   max_wait_s: float) -> None:
+    fleet = deploy(cluster, "--orchestrator.factory.max_active", "1",
+                   "--generation.factory.step_time_s", "0.01", max_wait_s=max_wait_s)
+    warm = [threading.Thread(target=generate, args=(fleet,)) for _ in range(2)]
+    for t in warm:  # both replicas measure a generation (max_active 1: one each)
+        t.start()
+    for t in warm:
+        t.join()
+    fleet.wait(lambda s: all(r["quote"]["generation_s"] for r in s),
+               what="both replicas measured a generation")
+    time.sleep(1.2)  # two stats periods: the router sees the measurements too
+    long = script({"action": "image", "prompt": "!sleep=3 long"},
+                  {"action": "final", "text": "ok"})
+    held = [hold(fleet, long)]
+    fleet.wait(lambda s: sum(r["in_flight"] for r in s) == 1, what="the first long request")
+    held.append(threading.Thread(target=generate, args=(fleet, long), daemon=True))
+    held[1].start()
+    fleet.wait(lambda s: all(r["in_flight"] for r in s), what="both replicas full")
+    before = refusals(fleet)
+    sent = time.monotonic()
+    code = generate(fleet)
+    waited = time.monotonic() - sent
+    if max_wait_s:
+        # held at the gateway until a long request ended, then admitted: no replica refused it
+        assert code == 200 and waited > 1.0, (code, waited)
+        assert refusals(fleet) == before
+    else:
+        assert code == 503 and waited < 2.0, (code, waited)
+    for t in held:
+        t.join()

@@ -14,6 +14,7 @@ from sglang_omni.scale.ranking import (
     Standing,
     deadline_order,
     rotation,
+    should_wait,
     standing,
 )
 
@@ -110,3 +111,26 @@ def test_rotation() -> None:
     assert rotation(["a", "b", "c"], 0, frozenset({"a"})) == ["b", "c"]
     sick = {"a": {"health": "stalled"}, "b": {"health": "ok"}, "c": None}
     assert rotation(["a", "b", "c"], 0, stats=sick) == ["b", "c", "a"]
+
+
+def test_a_wait_uses_up_the_horizon() -> None:
+    table = {"a": stats(free_in=12.0)}
+    assert not standing(table["a"], Since(), NOW, waited_s=7.0).refuses  # 12 <= 20 - 7
+    assert standing(table["a"], Since(), NOW, waited_s=9.0).refuses  # 12 > 20 - 9
+
+
+def test_a_request_waits_only_while_none_admits_and_one_could_later() -> None:
+    busy = {"a": stats(free_in=25.0), "b": stats(free_in=30.0)}
+    assert should_wait(["a", "b"], busy, {}, NOW, waited_s=1.0)
+    # One admits now: send it.
+    mixed = {"a": stats(free_in=25.0), "b": stats(free_in=5.0)}
+    assert not should_wait(["a", "b"], mixed, {}, NOW, waited_s=1.0)
+    # The wait used up every horizon: no replica could admit it any more; send it (to a 503).
+    assert not should_wait(["a", "b"], busy, {}, NOW, waited_s=20.0)
+    # Nothing to wait for: no planner measured yet, or no healthy replica.
+    assert not should_wait(["a"], {"a": stats(free_in=25.0, horizon=None, refused=True)}, {},
+                           NOW, waited_s=0.0)
+    assert not should_wait(["a"], {"a": stats(free_in=25.0, health="stalled")}, {}, NOW, 0.0)
+    # Full by max_active: it frees up when a request ends.
+    full = {"a": stats(in_flight=2, max_active=2)}
+    assert should_wait(["a"], full, {}, NOW, waited_s=0.0)
