@@ -28,6 +28,13 @@ MAX_AHEAD = 64
 #: Seconds the app has to end after the caller went away, before it is cancelled.
 GRACE_S = 10.0
 _END: Message = {"type": "_end"}
+#: The last item of a replica's stream when the app ended (a stream that stops without it was
+#: cut: its replica died, which Ray does not always report as an error).
+STREAM_END = "sglang_omni.stream_end"
+
+
+class StreamCut(Exception):  # noqa: N818 - what happened, as RayActorError names it
+    """A replica's stream stopped before :data:`STREAM_END`: the replica died."""
 
 
 def http_scope(request: dict[str, Any]) -> Scope:

@@ -38,6 +38,7 @@ from sglang_omni.scale.spec import (
     ServerSource,
     plan_replicas,
 )
+from sglang_omni.serve.log_format import LOG_FORMATS
 
 #: Requests Ray lets a replica or gateway hold at once; Omni's own admission (max_active, the
 #: planner) decides what a replica takes, so Ray's cap is only a backstop.
@@ -93,10 +94,11 @@ def app_builder(args: Mapping[str, Any]) -> Application:
     """Serve's application builder (``import_path: sglang_omni.scale.builder:app_builder``).
 
     Keys: ``config`` (the pipeline YAML), the :class:`ScaleOptions` fields (``replicas``,
-    ``router``, ``retries``, ``gateways``, ...), ``model_name``, ``log_level``, the CLI's config
-    flags (``model_path``, ``text_only``, ``allowed_local_media_path``, ``allowed_media_domain``,
-    ``api_key``) and ``overrides`` (a mapping of dotted keys, as the CLI's ``--a.b value``);
-    any other key with a dot is an override too. Values may be strings (``serve run k=v``).
+    ``router``, ``retries``, ``gateways``, ...), ``model_name``, ``log_level``, ``log_format``,
+    the CLI's config flags (``model_path``, ``text_only``, ``allowed_local_media_path``,
+    ``allowed_media_domain``, ``api_key``) and ``overrides`` (a mapping of dotted keys, as the
+    CLI's ``--a.b value``); any other key with a dot is an override too. Values may be strings
+    (``serve run k=v``).
     """
     args = dict(args)
     overrides: dict[str, Any] = {}
@@ -113,10 +115,14 @@ def app_builder(args: Mapping[str, Any]) -> Application:
     config = args.pop("config", None)
     model_name = args.pop("model_name", None)
     log_level = str(args.pop("log_level", "info"))
+    log_format = str(args.pop("log_format", "text"))
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got "
+                          f"{log_format!r}")
     if args:
         raise ConfigError(f"unknown application argument(s): {', '.join(sorted(args))}")
     source = ServerSource.from_file(config, overrides, model_name=model_name,
-                                    log_level=log_level, **load)
+                                    log_level=log_level, log_format=log_format, **load)
     return build(source, ScaleOptions(**options))
 
 

@@ -22,16 +22,25 @@ first replica it reaches; the gateway is what can look at the answer first:
 
 The body is read here once (bounded by ``server.max_body_bytes``: a larger one is cut at one byte
 over, which the replica refuses with 413, and the header check is the replica's; a body slower
-than ``server.body_timeout_s`` is answered 408 here). WebSocket routes are not relayed: the
-gateway accepts and closes them with code 1008 and a reason saying so.
+than ``server.body_timeout_s`` is answered 408 here).
+
+A WebSocket session is relayed to one replica for its whole life: the router picks it, the
+replica runs the app's WebSocket route (:meth:`~sglang_omni.scale.replica.OmniReplica.websocket`),
+the gateway relays what the app sends as it comes and hands each client message to that replica
+in order (``websocket_input``, pinned by the routers to the session's replica). A client that
+leaves is a ``websocket.disconnect`` to the app, which is then given :data:`GRACE_S` to end; a
+replica that dies closes the session with 1011 and a reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -43,9 +52,19 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import OmniError, RequestTooSlow, ServerError, StageDied
-from sglang_omni.scale.asgi_call import Message, Receive, Scope, Send, forwarded
+from sglang_omni.scale.asgi_call import (
+    GRACE_S,
+    STREAM_END,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    StreamCut,
+    forwarded,
+)
 from sglang_omni.serve.app import error_response
 from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
 from sglang_omni.serve.umm_wire import error_event
 
@@ -56,8 +75,8 @@ HELD_RESULT = re.compile(r"^/v1/(videos|images)/[^/]+(/content)?/?$")
 LOOKUP_METHODS = ("GET", "HEAD", "DELETE")
 #: The routes the deadline plan admits: a request on one may wait for a replica that admits it.
 PLANNED = re.compile(r"^/(generate|v1/chat/completions)/?$")
-WEBSOCKET_REFUSAL = ("WebSocket routes are not served through the Ray Serve fleet; connect to "
-                     "one server for them")
+#: The close reason of a session whose replica died (a close reason holds at most 123 bytes).
+SESSION_LOST = "the replica serving this session exited; Ray Serve is replacing it; reconnect"
 REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
                 "request was in flight; Ray Serve is replacing it; retry the request")
 
@@ -77,6 +96,11 @@ def stream_failure(path: str, exc: OmniError) -> bytes:
     else:
         event = sse_data(exc.to_body())
     return (event + SSE_DONE).encode()
+
+
+def is_fleet_listing(scope: Scope) -> bool:
+    """Whether the request lists what every replica holds (``GET /v1/videos``)."""
+    return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/videos"
 
 
 def is_sse(start: Message) -> bool:
@@ -102,7 +126,7 @@ class OmniGateway:
             await _lifespan(receive, send)
             return
         if scope["type"] == "websocket":
-            await _refuse_websocket(receive, send)
+            await self._websocket(scope, receive, send)
             return
         try:
             body = await self._read_body(scope, receive)
@@ -113,8 +137,10 @@ class OmniGateway:
             return  # the client left before its body arrived
         arrived_at = time.time() if (scope["method"] == "POST"
                                      and PLANNED.match(scope["path"])) else None
-        relay = asyncio.ensure_future(self._relay(scope, forwarded(scope, body), send,
-                                                  arrived_at))
+        request = forwarded(scope, body)
+        relay = asyncio.ensure_future(
+            self._list_everywhere(scope, request, send) if is_fleet_listing(scope)
+            else self._relay(scope, request, send, arrived_at))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -125,6 +151,57 @@ class OmniGateway:
         error = results[0]
         if isinstance(error, BaseException) and not isinstance(error, asyncio.CancelledError):
             raise error
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Relay one WebSocket session to one replica (see the module docstring)."""
+        session = uuid.uuid4().hex
+        call = cast(DeploymentResponseGenerator, self.replicas.options(stream=True).websocket
+                    .remote(forwarded(scope, b""), session))
+        state = {"closed": False}
+        relay: asyncio.Future[None] | None = None
+        pump: asyncio.Future[bool] | None = None
+        try:
+            replica = await call.__anext__()
+            relay = asyncio.ensure_future(_relay_session(call, send, state))
+            pump = asyncio.ensure_future(self._pump(receive, session, replica))
+            await asyncio.wait({relay, pump}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done() and pump.exception() is not None:
+                raise cast(BaseException, pump.exception())
+            if not relay.done() and pump.done() and pump.result():
+                # the client left: the app was told, and has GRACE_S to end
+                await asyncio.wait({relay}, timeout=GRACE_S)
+            if relay.done() and relay.exception() is not None:
+                raise cast(BaseException, relay.exception())
+        except (asyncio.CancelledError, RequestCancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the session ends with a close frame
+            lost = isinstance(exc, RayActorError | StreamCut)
+            if lost:
+                log.warning("WebSocket %s: %s", scope["path"], SESSION_LOST)
+            else:
+                log.error("WebSocket %s failed in the gateway", scope["path"], exc_info=exc)
+            if not state["closed"]:
+                with contextlib.suppress(Exception):
+                    await send({"type": "websocket.close", "code": 1011,
+                                "reason": SESSION_LOST if lost else "internal error"})
+        finally:
+            for task in (relay, pump):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(t for t in (relay, pump) if t is not None),
+                                 return_exceptions=True)
+            call.cancel()
+
+    async def _pump(self, receive: Receive, session: str, replica: str) -> bool:
+        """Hand the client's messages to the session's replica in order; True once the client
+        disconnected, False when the replica no longer holds the session."""
+        while True:
+            message = await receive()
+            held = await self.replicas.websocket_input.remote(session, message, replica=replica)
+            if message["type"] == "websocket.disconnect":
+                return True
+            if not held:
+                return False
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The body, at most ``max_body_bytes + 1`` bytes; None if the client left."""
@@ -149,6 +226,41 @@ class OmniGateway:
             raise RequestTooSlow(
                 f"the request body did not arrive within {self.server.body_timeout_s:g} s "
                 "(server.body_timeout_s); send it faster or raise the limit") from None
+
+    async def _list_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
+                               ) -> None:
+        """``GET /v1/videos`` of the fleet: every replica's jobs, newest first. Replicas are
+        asked in turn (each call excluding those already asked) until one repeats or all
+        answered; an answer other than 200 is relayed as it is."""
+        tried: list[str] = []
+        jobs: list[dict[str, Any]] = []
+        for _ in range(self.replica_count):
+            call = cast(DeploymentResponseGenerator, self.replicas.options(stream=True).call
+                        .remote(request, exclude=list(tried)))
+            try:
+                replica = await call.__anext__()
+                batches = [batch async for batch in call]
+                if STREAM_END not in batches:
+                    raise StreamCut("the replica's stream stopped before its end")
+                messages = [m for batch in batches if batch != STREAM_END for m in batch]
+            finally:
+                call.cancel()
+            if replica in tried:
+                break
+            tried.append(replica)
+            start = next(m for m in messages if m["type"] == "http.response.start")
+            if start["status"] != 200:
+                for message in messages:
+                    await send(message)
+                return
+            body = b"".join(m.get("body", b"") for m in messages
+                            if m["type"] == "http.response.body")
+            jobs.extend(json.loads(body)["data"])
+        jobs.sort(key=lambda job: job.get("created_at", 0), reverse=True)
+        await json_response({"object": "list", "data": jobs,
+                             "first_id": jobs[0]["id"] if jobs else None,
+                             "last_id": jobs[-1]["id"] if jobs else None,
+                             "has_more": False})(scope, _never, send)
 
     def may_retry(self, scope: Scope, status: int, attempt: int) -> bool:
         """Whether answer ``status`` of attempt ``attempt`` (0 first) is asked elsewhere."""
@@ -189,6 +301,8 @@ class OmniGateway:
         try:
             replica = await call.__anext__()
             async for batch in call:
+                if batch == STREAM_END:
+                    return held
                 for message in batch:
                     if started is None and message["type"] == "http.response.start":
                         started = message
@@ -196,7 +310,7 @@ class OmniGateway:
                             held = _Refused(replica, message["status"])
                     if held is None:
                         await send(message)
-            return held
+            raise StreamCut("the replica's stream stopped before its end")
         except (asyncio.CancelledError, RequestCancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every answer ends well-formed
@@ -208,7 +322,7 @@ class OmniGateway:
     async def _failed(self, scope: Scope, send: Send, started: Message | None,
                       exc: Exception) -> None:
         """End an answer whose replica call failed: an error answer, or the stream's end."""
-        if isinstance(exc, RayActorError):
+        if isinstance(exc, RayActorError | StreamCut):
             error: OmniError = StageDied(REPLICA_DIED)
             log.warning("request %s %s: %s", scope["method"], scope["path"], REPLICA_DIED)
         else:
@@ -239,10 +353,18 @@ async def _never() -> Message:
     raise AssertionError("unreachable")
 
 
-async def _refuse_websocket(receive: Receive, send: Send) -> None:
-    if (await receive())["type"] == "websocket.connect":
-        await send({"type": "websocket.accept"})
-        await send({"type": "websocket.close", "code": 1008, "reason": WEBSOCKET_REFUSAL})
+async def _relay_session(call: DeploymentResponseGenerator, send: Send,
+                         state: dict[str, bool]) -> None:
+    """Send the client what the session's app sends; ``state["closed"]`` once it closed.
+    StreamCut when the stream stops before its end."""
+    async for batch in call:
+        if batch == STREAM_END:
+            return
+        for message in batch:
+            await send(message)
+            if message["type"] == "websocket.close":
+                state["closed"] = True
+    raise StreamCut("the replica's stream stopped before its end")
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -3,16 +3,18 @@
 The replica builds the app of ``sgl-omni serve`` (:func:`~sglang_omni.serve.app.create_app`) from
 its :class:`~sglang_omni.scale.spec.ReplicaPlan`, runs its lifespan (the stages start before the
 replica reports ready; a stage that fails to start fails the replica), and serves the requests
-the gateway forwards (:meth:`OmniReplica.call`) through the app in-process, so routes, answers,
-streams and errors are the server's own. ``record_routing_stats`` is the routers' view of it
-(:mod:`~sglang_omni.scale.stats`); ``check_health`` fails, and Ray replaces the replica, only when
-the server cannot recover by itself: a stage past its restart budget (``/health`` says
+the gateway forwards (:meth:`OmniReplica.call`; WebSocket sessions :meth:`OmniReplica.websocket`)
+through the app in-process, so routes, answers, streams and errors are the server's own.
+``record_routing_stats`` is the routers' view of it (:mod:`~sglang_omni.scale.stats`);
+``check_health`` fails, and Ray replaces the replica, only when the server cannot recover by
+itself: a stage past its restart budget (``/health`` says
 ``unhealthy``) or a native stage whose exit stops the server. A stage restarting or stalled is
 only reported (``health`` in the stats), and the routers pass the replica over meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -20,13 +22,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sglang_omni.errors import ConfigError
-from sglang_omni.scale.asgi_call import Message, call_asgi, http_scope
+from sglang_omni.scale.asgi_call import (
+    STREAM_END,
+    Message,
+    call_asgi,
+    http_scope,
+    run_asgi,
+    websocket_receiver,
+    websocket_scope,
+)
 from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
 from sglang_omni.serve.app import create_app
 from sglang_omni.serve.fleet_queue import WAITED_S_KEY
+from sglang_omni.serve.log_format import configure_logging
 
 log = logging.getLogger("sglang_omni.scale")
+#: Client messages a relayed WebSocket session may hold before the gateway's next one waits.
+MAX_INBOUND = 16
 
 
 def _replica_identity() -> tuple[str, str | None]:
@@ -50,12 +63,12 @@ class OmniReplica:
         except ConfigError as exc:
             raise RuntimeError(f"configuration error on this replica: {exc}") from None
         source = plan.source
-        logging.basicConfig(level=source.log_level.upper(),
-                            format="%(asctime)s [replica] %(levelname)s %(name)s: %(message)s")
+        configure_logging(source.log_level, source.log_format, role="replica")
         self.app = create_app(config, source.model_name, source.log_level)
         self.orchestrator = self.app.state.orchestrator
         self.id, node = _replica_identity()
         self.stats = ReplicaStats(self.orchestrator, self.id, node)
+        self._sessions: dict[str, asyncio.Queue[Message]] = {}  # relayed WebSocket sessions
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = \
             self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
@@ -66,9 +79,10 @@ class OmniReplica:
     async def call(self, request: dict[str, Any], exclude: list[str] | None = None,
                    arrived_at: float | None = None) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
-        in batches. ``exclude`` is for the router (replicas that refused it), not used here;
-        ``arrived_at`` (wall clock) is when a planned request reached the gateway: its deadline
-        counts from then (:mod:`~sglang_omni.serve.fleet_queue`)."""
+        in batches, then :data:`STREAM_END`. ``exclude`` is for the router (replicas that
+        refused it), not used here; ``arrived_at`` (wall clock) is when a planned request
+        reached the gateway: its deadline counts from then
+        (:mod:`~sglang_omni.serve.fleet_queue`)."""
         path = request["path"]
         self.stats.started(path)  # before the first yield: the stats count it from now
         scope = http_scope(request)
@@ -81,8 +95,40 @@ class OmniReplica:
                     if message["type"] == "http.response.start":
                         self.stats.answered(int(message["status"]))
                 yield batch
+            yield STREAM_END
         finally:
             self.stats.ended(path)
+
+    async def websocket(self, request: dict[str, Any], session: str
+                        ) -> AsyncIterator[str | list[Message]]:
+        """Serve one relayed WebSocket session: yield this replica's id (from then on the
+        session takes the client's messages, :meth:`websocket_input`), then the messages the
+        app sends, in batches, then :data:`STREAM_END`. Closing the stream is the client going
+        away."""
+        path = request["path"]
+        inbound: asyncio.Queue[Message] = asyncio.Queue(MAX_INBOUND)
+        self._sessions[session] = inbound
+        self.stats.started(path)
+        try:
+            yield self.id
+            async for batch in run_asgi(self.app, websocket_scope(request),
+                                        websocket_receiver(inbound)):
+                yield batch
+            yield STREAM_END
+        finally:
+            self._sessions.pop(session, None)
+            self.stats.ended(path)
+
+    async def websocket_input(self, session: str, message: Message,
+                              replica: str | None = None) -> bool:
+        """Hand one client message to session ``session`` (waiting while the app is
+        :data:`MAX_INBOUND` messages behind); False when this replica holds no such session.
+        ``replica`` pins the call to this replica (the routers read it)."""
+        inbound = self._sessions.get(session)
+        if inbound is None:
+            return False
+        await inbound.put(message)
+        return True
 
     def record_routing_stats(self) -> dict[str, Any]:
         return self.stats.snapshot()

@@ -6,6 +6,10 @@ Both leave out the replicas a request was already refused by (the gateway passes
 ``exclude`` keyword of its call) unless every replica refused it. Ray's default,
 ``PowerOfTwoChoicesRequestRouter``, stays selectable as ``--router pow2`` (see :data:`ROUTERS`).
 
+Every router sends a call with a ``replica`` keyword (a relayed WebSocket session's messages) to
+that replica alone (:func:`pinned`); if it is gone, to any, which answers that it has no such
+session.
+
 Built on Ray's ``ray.serve.request_router.RequestRouter`` (alpha API, Ray 2.60).
 """
 
@@ -17,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
@@ -25,7 +30,7 @@ from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wa
 ROUTERS: dict[str, str] = {
     "deadline": "sglang_omni.scale.routers:DeadlineRouter",
     "round_robin": "sglang_omni.scale.routers:RoundRobinRouter",
-    "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    "pow2": "sglang_omni.scale.routers:PowerOfTwoRouter",
 }
 
 
@@ -43,6 +48,17 @@ def excluded(pending: PendingRequest | None) -> frozenset[str]:
     if pending is None:
         return frozenset()
     return frozenset(pending.kwargs.get("exclude") or ())
+
+
+def pinned(candidates: list[RunningReplica], pending: PendingRequest | None
+           ) -> list[list[RunningReplica]] | None:
+    """The routing of a call pinned to one replica (its ``replica`` keyword): that replica, or
+    every candidate when it is gone; None for a call not pinned."""
+    want = pending.kwargs.get("replica") if pending is not None else None
+    if want is None:
+        return None
+    chosen = [r for r in candidates if r.replica_id.unique_id == want]
+    return [chosen or list(candidates)]
 
 
 def waited(pending: PendingRequest | None, now: float) -> float | None:
@@ -127,6 +143,8 @@ class DeadlineRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
+        if (pin := pinned(candidate_replicas, pending_request)) is not None:
+            return pin
         _backoff(pending_request)
         by_id = _by_id(candidate_replicas)
         now = time.time()
@@ -163,8 +181,24 @@ class RoundRobinRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
+        if (pin := pinned(candidate_replicas, pending_request)) is not None:
+            return pin
         _backoff(pending_request)
         by_id = _by_id(candidate_replicas)
         stats = {k: r.routing_stats for k, r in by_id.items()}
         order = rotation(sorted(by_id), next(self._turn), excluded(pending_request), stats)
         return [[by_id[k]] for k in order]
+
+
+class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
+    """Ray's default router (power of two choices on requests in flight) over the replicas not
+    excluded (unless all are), pinned calls aside."""
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        if (pin := pinned(candidate_replicas, pending_request)) is not None:
+            return pin
+        skip = excluded(pending_request)
+        pool = [r for r in candidate_replicas if r.replica_id.unique_id not in skip]
+        return await super().choose_replicas(pool or candidate_replicas, pending_request)

@@ -33,13 +33,15 @@ ROUTER_CHOICES = ("deadline", "pow2", "round_robin")
 @dataclass(frozen=True)
 class ServerSource:
     """One Omni server's configuration as the CLI gave it: the config file's text, dotted
-    overrides, the ``load_config`` options, and the served model name and log level."""
+    overrides, the ``load_config`` options, and the served model name, log level and log
+    format (``text`` or ``json``, as ``--log-format``)."""
 
     config_text: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     model_name: str | None = None
     log_level: str = "info"
+    log_format: str = "text"
 
     @classmethod
     def from_file(cls, config: str | Path | None, overrides: dict[str, Any] | None = None,
@@ -141,6 +143,7 @@ def from_cli(args: argparse.Namespace, extra: list[str]) -> tuple[ServerSource, 
         overrides["reasoner.engine.mem_fraction_static"] = args.mem_fraction_static
     source = ServerSource.from_file(
         args.config, overrides, model_name=args.model_name, log_level=args.log_level,
+        log_format=args.log_format,
         model_path=args.model_path, text_only=args.text_only,
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domain=args.allowed_media_domain, api_key=args.api_key)

@@ -14,7 +14,7 @@ import logging
 from datetime import UTC, datetime
 
 LOG_FORMATS = ("text", "json")
-TEXT_FORMAT = "%(asctime)s [server] %(levelname)s %(name)s: %(message)s"
+TEXT_FORMAT = "%(asctime)s [{role}] %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
@@ -32,11 +32,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str)
 
 
-def configure_logging(level: str, fmt: str = "text") -> None:
-    """Configure the root logger of the server process (``fmt``: one of :data:`LOG_FORMATS`)."""
+def configure_logging(level: str, fmt: str = "text", role: str = "server") -> None:
+    """Configure the root logger of the server process (``fmt``: one of :data:`LOG_FORMATS`;
+    ``role`` names the process in text lines: ``server``, or ``replica`` in a fleet)."""
     if fmt == "json":
         handler = logging.StreamHandler()
         handler.setFormatter(JsonFormatter())
         logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
         return
-    logging.basicConfig(level=level.upper(), format=TEXT_FORMAT)
+    logging.basicConfig(level=level.upper(), format=TEXT_FORMAT.format(role=role))

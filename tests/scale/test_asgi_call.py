@@ -106,3 +106,45 @@ def test_an_app_that_ignores_the_disconnect_is_cancelled_after_the_grace() -> No
 def test_an_app_exception_reaches_the_caller() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         asyncio.run(collect(make_app([]), request("/broken")))
+
+
+def test_a_websocket_session_takes_the_relayed_messages_and_sees_the_caller_leave() -> None:
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket, WebSocketDisconnect
+
+    from sglang_omni.scale.asgi_call import run_asgi, websocket_receiver, websocket_scope
+
+    events: list[Any] = []
+
+    async def echo(ws: WebSocket) -> None:
+        await ws.accept()
+        try:
+            while True:
+                events.append(text := await ws.receive_text())
+                await ws.send_text(text.upper())
+        except WebSocketDisconnect as gone:
+            events.append(gone.code)
+
+    app = Starlette(routes=[WebSocketRoute("/ws", echo)])
+    scope = websocket_scope({**forwarded({"method": "GET", "path": "/ws", "headers": []}, b""),
+                             "scheme": "ws"})
+
+    async def session() -> list[Any]:
+        inbound: asyncio.Queue = asyncio.Queue()
+        for message in ({"type": "websocket.connect"},
+                        {"type": "websocket.receive", "text": "a"},
+                        {"type": "websocket.receive", "text": "b"}):
+            inbound.put_nowait(message)
+        sent: list[Any] = []
+        stream = run_asgi(app, scope, websocket_receiver(inbound), grace_s=5)
+        async for batch in stream:
+            sent.extend(batch)
+            if len(sent) == 3:
+                break
+        await stream.aclose()  # the caller leaves: the app sees a disconnect
+        return sent
+
+    sent = asyncio.run(session())
+    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send", "websocket.send"]
+    assert [m["text"] for m in sent[1:]] == ["A", "B"]
+    assert events == ["a", "b", 1006]

@@ -61,7 +61,8 @@ def test_fleet_options() -> None:
     assert ScaleOptions(replicas=3).retry_limit == 2
     assert ScaleOptions(replicas=8).retry_limit == 3
     assert ScaleOptions(replicas=8, retries=0).retry_limit == 0
-    for bad in ({"replicas": 0}, {"router": "random"}, {"retries": -1}, {"gateways": 0}):
+    for bad in ({"replicas": 0}, {"router": "random"}, {"retries": -1}, {"gateways": 0},
+                {"max_wait_s": -1.0}, {"max_wait_s": float("nan")}):
         with pytest.raises(ConfigError):
             ScaleOptions(**bad)
 
@@ -86,3 +87,16 @@ def test_the_serve_application_builder_reads_serve_run_arguments(
     assert source.options == {"text_only": False}
     with pytest.raises(ConfigError, match="unknown application argument"):
         builder.app_builder({"config": str(SCRIPTED), "replica": 2})
+    builder.app_builder({"config": str(SCRIPTED), "max_wait_s": "0", "log_format": "json"})
+    source, options = built[1]
+    assert options.max_wait_s == 0.0 and source.log_format == "json"
+    with pytest.raises(ConfigError, match="log_format"):
+        builder.app_builder({"config": str(SCRIPTED), "log_format": "xml"})
+
+
+def test_only_the_deadline_router_takes_the_wait() -> None:
+    pytest.importorskip("ray.serve")
+    from sglang_omni.scale.builder import router_kwargs
+
+    assert router_kwargs(ScaleOptions(max_wait_s=5.0)) == {"max_wait_s": 5.0}
+    assert router_kwargs(ScaleOptions(router="pow2")) == {}
