@@ -24,7 +24,9 @@ class ReasonerOptions(TypedDict, total=False):
 class ReasonerPayload(TypedDict, total=False):
     """One Reasoner turn. ``sampling`` holds the client's sampling fields; ``stage_params``
     native chat request fields (they win over ``sampling``); ``turn_index`` counts the
-    request's Reasoner turns from 0."""
+    request's Reasoner turns from 0; ``message_offset`` is how many messages Omni put before the
+    client's (its instructions), so an error about ``messages[i]`` names the client's
+    ``messages[i - message_offset]``."""
 
     messages: Required[list[dict[str, Any]]]
     sampling: dict[str, Any]
@@ -33,6 +35,7 @@ class ReasonerPayload(TypedDict, total=False):
     stream: bool
     turn_index: int
     options: ReasonerOptions
+    message_offset: int
 
 
 class Usage(TypedDict):

@@ -105,10 +105,11 @@ def find_script(messages: list[dict[str, Any]]) -> list[Any] | None:
     return script
 
 
-def media_parts(messages: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(label, kind, url) of every image and video part of the conversation, in order."""
-    return [(part.label, part.kind, part.url or "") for part in iter_content_parts(messages)
-            if part.kind in ("image", "video")]
+def media_parts(messages: list[dict[str, Any]], offset: int = 0) -> list[tuple[str, str, str]]:
+    """(label, kind, url) of every image and video part of the conversation, in order (labels
+    name the client's message indices: see ``ReasonerPayload.message_offset``)."""
+    return [(part.label, part.kind, part.url or "")
+            for part in iter_content_parts(messages, offset) if part.kind in ("image", "video")]
 
 
 async def load_conversation_media(job: Job, policy: MediaPolicy) -> list[dict[str, str]]:
@@ -116,7 +117,8 @@ async def load_conversation_media(job: Job, policy: MediaPolicy) -> list[dict[st
     media policy (fetched again on every turn); ``{"kind", "sha256"}`` of each, in order."""
     out = []
     with RequestMediaDir() as workdir:
-        for label, kind, url in media_parts(job.payload.get("messages", [])):
+        for label, kind, url in media_parts(job.payload.get("messages", []),
+                                            int(job.payload.get("message_offset", 0))):
             data = job.frame_for(url)
             if data is None:
                 data = await load_bytes(url, policy, workdir, label=label)

@@ -80,14 +80,15 @@ def message_parts(message_index: int, content: Any) -> Iterator[ContentPart]:
             yield ContentPart(message_index, j, part)
 
 
-def iter_content_parts(messages: Any) -> Iterator[ContentPart]:
+def iter_content_parts(messages: Any, offset: int = 0) -> Iterator[ContentPart]:
     """Every part of every message's list content, in conversation order; messages that are
-    not objects are passed over."""
+    not objects are passed over. ``offset``: messages put before the client's, so labels name
+    the client's index (``messages[i - offset]``)."""
     if not isinstance(messages, list):
         return
     for i, message in enumerate(messages):
         if isinstance(message, Mapping):
-            yield from message_parts(i, message.get("content"))
+            yield from message_parts(i - offset, message.get("content"))
 
 
 def text_of(content: Any, sep: str = "") -> str:

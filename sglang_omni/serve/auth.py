@@ -16,10 +16,10 @@ import json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_omni.errors import Unauthorized
+from sglang_omni.serve.ws_messages import WS_POLICY_VIOLATION
 
 OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/", "/playground"})
 OPEN_PREFIXES = ("/docs/assets/", "/playground/assets/")
-WS_POLICY_VIOLATION = 1008
 
 
 def bearer_token(scope: Scope) -> bytes | None:

@@ -93,6 +93,22 @@ def test_fetch_failures_map_to_status(server: Server, hosts: MediaServer, tmpdir
     assert leftovers(tmpdir_env) == []
 
 
+def test_a_fetch_the_stage_refuses_names_the_clients_message(server: Server,
+                                                              hosts: MediaServer) -> None:
+    # The Reasoner's messages start with Omni's instructions; the error names the client's
+    # message, with a system message of the client's or without.
+    resp = chat(server, hosts.url("127.0.0.1", "/missing"))
+    assert resp.status_code == 400
+    assert "messages[0].content[1].image_url" in resp.json()["error"]["message"], resp.text
+    body = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [
+                             {"type": "image_url",
+                              "image_url": {"url": hosts.url("127.0.0.1", "/missing")}}]}]}
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 400
+    assert "messages[1].content[0].image_url" in resp.json()["error"]["message"], resp.text
+
+
 def test_local_files_confined(server: Server, media_root: Path) -> None:
     assert chat(server, f"file://{media_root / 'cube.png'}").status_code == 200
     assert chat(server, str(media_root / "cube.png")).status_code == 200

@@ -37,16 +37,17 @@ async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
     """The job's messages with every media part read and decoded (BadRequest on bad media)."""
     conversation = Conversation([])
     with RequestMediaDir() as workdir:
+        offset = int(job.payload.get("message_offset", 0))  # labels name the client's index
         for i, message in enumerate(job.payload.get("messages") or []):
             if not isinstance(message, dict):
-                raise BadRequest(f"messages[{i}]: expected an object")
+                raise BadRequest(f"messages[{i - offset}]: expected an object")
             content = message.get("content")
             if not isinstance(content, list):
                 conversation.messages.append({"role": message.get("role", "user"),
                                               "content": "" if content is None else str(content)})
                 continue
             parts: list[dict[str, Any]] = []
-            for part in message_parts(i, content):
+            for part in message_parts(i - offset, content):
                 if part.kind == "text":
                     parts.append({"type": "text", "text": part.text})
                 elif part.kind in ("image", "video"):

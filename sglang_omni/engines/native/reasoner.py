@@ -175,7 +175,8 @@ class NativeReasoner:
         log.debug("request %s runs as native request %s", job.rid, native_rid)
         with RequestMediaDir() as workdir:
             messages = await localize_media(payload.get("messages") or [], job.frames,
-                                            self.policy, workdir)
+                                            self.policy, workdir,
+                                            int(payload.get("message_offset", 0)))
             fields = chat_request_fields(payload, messages, native_rid, self.known_fields,
                                          self.spec.stage)
             try:

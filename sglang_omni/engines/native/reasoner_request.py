@@ -63,8 +63,11 @@ async def _native_ref(ref: str, frames: list[bytes | bytearray], policy: MediaPo
 
 
 async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | bytearray],
-                         policy: MediaPolicy, workdir: RequestMediaDir) -> list[dict[str, Any]]:
-    """A copy of ``messages`` whose media urls native SGLang can read under ``policy``.
+                         policy: MediaPolicy, workdir: RequestMediaDir,
+                         offset: int = 0) -> list[dict[str, Any]]:
+    """A copy of ``messages`` whose media urls native SGLang can read under ``policy``
+    (errors name the client's message indices: ``offset`` is
+    ``ReasonerPayload.message_offset``).
 
     Refused references raise MediaRefused (400) and failed fetches MediaFetchFailed before
     native SGLang loads anything; files written for the request live in ``workdir``.
@@ -76,7 +79,7 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
             out.append(dict(message))
             continue
         parts = []
-        for part in message_parts(i, content):
+        for part in message_parts(i - offset, content):
             if part.kind not in MEDIA_KINDS:
                 parts.append(part.part)
                 continue

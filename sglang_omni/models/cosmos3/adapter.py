@@ -173,12 +173,14 @@ class Cosmos3UMMAdapter:
         modalities = self.modalities if generations_left > 0 else ()
         messages = copy.deepcopy(self.request.messages)
         guide = prompts.instructions(generations_left, modalities)
+        offset = 0  # messages put before the client's
         if messages and messages[0].get("role") == "system":
             first = messages[0]
             text = text_of(first["content"], sep=" ")
             messages[0] = {"role": "system", "content": f"{guide}\n\n{text}"}
         else:
             messages.insert(0, {"role": "system", "content": guide})
+            offset = 1
         messages.extend(copy.deepcopy(self.turns))
         self.reasoner_turns += 1
         payload: ReasonerPayload = {
@@ -188,5 +190,6 @@ class Cosmos3UMMAdapter:
             "response_format": decision.response_format(modalities),
             "stream": False,
             "turn_index": self.reasoner_turns - 1,
+            "message_offset": offset,
         }
         return Dispatch("reasoner", payload, list(self.frames))
