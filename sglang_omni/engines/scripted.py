@@ -28,10 +28,11 @@ index, after ``num_inference_steps`` (4) steps of ``factory.step_time_s`` second
 between steps. Either engine takes ``factory.start_delay_s`` seconds to start. Prompt
 directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``,
 and ``!size=N`` (media padded with trailing zeros to N bytes, for
-benchmarks). Direct generation's actions (``modality`` ``action``, the native action route's
-body in ``request``) are checked as the native Cosmos3 action route checks them and answered
-with its response shape: ``action_horizon`` (16) rows of ``raw_action_dim`` (given, else 10)
-values derived from the task and seed.
+benchmarks); anywhere in the prompt, ``!abort-delay=S`` makes an aborted generation take S more
+seconds to end (as a native engine finishes its current step). Direct generation's actions
+(``modality`` ``action``, the native action route's body in ``request``) are checked as the
+native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
+(16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
 """
 
 from __future__ import annotations
@@ -250,6 +251,7 @@ def _pieces(text: str, size: int = 16) -> list[str]:
 # --- Generator -------------------------------------------------------------------------------
 DIRECTIVE_RE = re.compile(
     r"^\s*!(no-media|crash|oversize|extra|malformed|sleep=([0-9.]+)|size=([0-9]+))")
+ABORT_DELAY_RE = re.compile(r"!abort-delay=([0-9.]+)")
 
 
 def _int_option(options: dict[str, Any], key: str, default: int) -> int:
@@ -297,18 +299,25 @@ class ScriptedGenerator:
         if name == "crash":
             log.error("request %s: !crash directive, exiting the stage process now", job.rid)
             os._exit(70)
-        if name and name.startswith("sleep="):
-            await asyncio.sleep(float(name.removeprefix("sleep=")))
-        for step in range(steps):
-            try:
-                if self.step_time_s > 0:
-                    await asyncio.sleep(self.step_time_s)
-                else:
-                    await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                log.info("request %s: generation cancelled at step %d of %d", job.rid, step, steps)
-                raise
-            job.emit({"step": step + 1, "steps": steps})
+        abort_delay = ABORT_DELAY_RE.search(prompt)
+        try:
+            if name and name.startswith("sleep="):
+                await asyncio.sleep(float(name.removeprefix("sleep=")))
+            for step in range(steps):
+                try:
+                    if self.step_time_s > 0:
+                        await asyncio.sleep(self.step_time_s)
+                    else:
+                        await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    log.info("request %s: generation cancelled at step %d of %d", job.rid, step,
+                             steps)
+                    raise
+                job.emit({"step": step + 1, "steps": steps})
+        except asyncio.CancelledError:
+            if abort_delay:  # the abort ends after the step in progress, as on a native engine
+                await asyncio.sleep(float(abort_delay.group(1)))
+            raise
         if action is not None:
             if name == "no-media":
                 raise ServerError("the native action generation failed (action policy returned "

@@ -52,6 +52,8 @@ class _Request:
         self.failure: ServiceUnavailable | None = None
         self.failed = asyncio.Event()
         self.go = asyncio.Event()  # its queued generation was started for it: run it
+        self.on_stage = False  # its generation runs on the stage (until the stage ended it)
+        self.released = False  # released while on the stage: let go once the stage ended it
 
 
 class PlannedGenerations:
@@ -80,8 +82,16 @@ class PlannedGenerations:
             raise ServiceUnavailable(update.refused)
 
     def release(self, rid: str) -> None:
-        if self.requests.pop(rid, None) is not None:
-            self._apply(Released(rid))
+        """Drop the request from the plan. While its generation is still on the stage (an
+        aborted one ends after the stage says so) the stage stays its until then."""
+        state = self.requests.get(rid)
+        if state is None:
+            return
+        if state.on_stage:
+            state.released = True
+            return
+        del self.requests[rid]
+        self._apply(Released(rid))
 
     def allowance(self, rid: str) -> int | None:
         """Generations the plan still allows the request (None when it is not planned)."""
@@ -148,10 +158,17 @@ class PlannedGenerations:
             state.go.clear()
             self._raise_if_failed(state)
             start = time.monotonic()
-            result = await self._unless_failed(state, run)
+            state.on_stage = True
+            try:
+                result = await self._unless_failed(state, run)
+            finally:
+                state.on_stage = False
         except BaseException:
             self.release(rid)
             raise
+        if state.released:
+            self.release(rid)
+            return result
         if rid in self.requests:
             self._apply(GenerationFinished(rid, modality, time.monotonic() - start))
         return result

@@ -37,6 +37,10 @@ from sglang_omni.runtime.stage_process import stage_main
 
 log = logging.getLogger("sglang_omni.runtime")
 
+#: Seconds a cancelled call waits for the stage to end the aborted job (a native engine ends it
+#: after its step in progress) before it returns anyway.
+ABORT_WAIT_S = 10.0
+
 ChunkCallback = Callable[[dict[str, Any]], None]
 
 
@@ -82,6 +86,8 @@ class StageHandle:
         self.fatal_message: str | None = None
         self.counters = StageCounters()
         self._pending: dict[str, _Pending] = {}
+        #: (rid, token) of aborted jobs -> set once the stage says the job ended (or dies).
+        self._aborting: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._tokens = itertools.count(1)
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-send")
         self._process: mp.process.BaseProcess | None = None
@@ -204,7 +210,9 @@ class StageHandle:
         """Run ``payload`` on the stage for request ``rid``; the result names this stage.
 
         Chunks go to ``on_chunk`` in order. Cancelling the awaiting task aborts the job on the
-        stage. Raises StageDied, StageCallError or ServerError.
+        stage and returns once the stage says the job ended (at most :data:`ABORT_WAIT_S`; at
+        once if the stage dies), so the caller's next job never overlaps it. Raises StageDied,
+        StageCallError or ServerError.
         """
         if not self.healthy:
             raise StageDied(f"the {self.name} stage is not running ({self.status}); "
@@ -234,12 +242,26 @@ class StageHandle:
             outcome = "aborted"
             if not pending.future.done():
                 log.info("request %s cancelled; aborting its job on the %s stage", rid, self.name)
+                ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._aborting[(rid, token)] = ended
                 self.abort(rid)
+                await self._until_aborted(rid, token, ended)
             raise
         finally:
             if self._pending.get(rid) is pending:
                 del self._pending[rid]
             self._job_ended(outcome, time.monotonic() - started)
+
+    async def _until_aborted(self, rid: str, token: int, ended: asyncio.Future[None]) -> None:
+        """Wait (up to ABORT_WAIT_S) until the stage reports job ``token`` of ``rid`` ended."""
+        try:
+            async with asyncio.timeout(ABORT_WAIT_S):
+                await asyncio.shield(ended)
+        except TimeoutError:
+            log.warning("the %s stage has not ended the aborted job of request %s after %.0f "
+                        "s; going on", self.name, rid, ABORT_WAIT_S)
+        finally:
+            self._aborting.pop((rid, token), None)
 
     def _job_ended(self, outcome: str, seconds: float) -> None:
         for listener in self.job_listeners:
@@ -347,10 +369,15 @@ class StageHandle:
                 self._ready_future.set_exception(StageStartupError(
                     f"the {self.name} stage failed to start: {header.get('message')}"))
             return
+        rid = header.get("rid")
+        token = header.get("token")
+        ended = self._aborting.pop((rid, token), None) if isinstance(rid, str) \
+            and isinstance(token, int) and op in ("aborted", "result", "error") else None
+        if ended is not None and not ended.done():
+            ended.set_result(None)  # an aborted job's last word, whichever it is
         if op == "aborted":
             self.counters.aborted += 1
             return
-        rid = header.get("rid")
         pending = self._pending.get(rid) if isinstance(rid, str) else None
         if pending is None or header.get("token") != pending.token or pending.future.done():
             self.counters.dropped += 1
@@ -399,6 +426,14 @@ class StageHandle:
             if not pending.future.done():
                 pending.future.set_exception(StageDied(message(rid)))
         self._pending.clear()
+        self._end_aborting()
+
+    def _end_aborting(self) -> None:
+        """A dead or stalled stage ends no more jobs: release every wait for an abort."""
+        for ended in self._aborting.values():
+            if not ended.done():
+                ended.set_result(None)
+        self._aborting.clear()
 
     def _on_exit(self, gen: int) -> None:
         if gen != self._generation:
@@ -406,6 +441,7 @@ class StageHandle:
         assert self._process is not None
         self.exitcode = self._process.exitcode
         self.dead = True
+        self._end_aborting()
         self.ready = False
         if self._process.pid:
             kill_group(self._process.pid)  # its children go with it

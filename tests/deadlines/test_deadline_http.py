@@ -98,3 +98,33 @@ def test_fail_fast_503_cancels_the_generation() -> None:
         assert refusals(server, "deadline") == 1 and refusals(server, "plan") == 0
         wait_until(lambda: aborted(server) >= before + 1, timeout=5)
         assert aborted(server) == before + 1
+
+
+def test_the_next_generation_waits_until_an_aborted_one_has_ended_on_the_stage() -> None:
+    with Server(*SCRIPTED_UMM, "--generation.factory.step_time_s", "0.1") as server:
+        hold = script({"action": "image", "prompt": "!sleep=60 !abort-delay=3 held"},
+                      {"action": "final", "text": "never"})
+        client = httpx.Client(timeout=60)
+        stream = client.stream("POST", f"{server.url}/generate", json={
+            "prompt": hold, "stream": True, "stage_params": {"generation": SMALL}})
+        stream.__enter__()
+
+        def phases() -> list[str]:
+            return [p["phase"] for p in httpx.get(f"{server.url}/v1/queue").json()["plan"]]
+
+        assert wait_until(lambda: phases() == ["generating"])
+        waiting: dict = {}
+        queued = threading.Thread(target=lambda: waiting.update(resp=generate(
+            server, script({"action": "image", "prompt": "next"},
+                           {"action": "final", "text": "ok"}))))
+        queued.start()
+        assert wait_until(lambda: phases() == ["generating", "queued"])
+        stream.__exit__(None, None, None)  # the client leaves: its generation is aborted
+        client.close()
+        time.sleep(1.0)
+        # The stage is still ending the aborted job (3 s): the next generation has not started.
+        assert phases() == ["generating", "queued"], phases()
+        assert aborted(server) == 0
+        queued.join(30)
+        assert waiting["resp"].status_code == 200
+        assert aborted(server) == 1
