@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", default="text", choices=["text", "json"],
-                       help="server log lines as text (default) or one JSON object per line, "
-                            "one line per request included")
+                       help="log lines of the server and its stages as text (default) or one "
+                            "JSON object per line, one line per request included")
     serve.add_argument("--demo", action="store_true", help=(
         "serve the interleaved pipeline on the CPU with the hf backend and a tiny random-weight "
         "Cosmos3 checkpoint (built once into ~/.cache/sglang-omni; needs the hf extra); with "

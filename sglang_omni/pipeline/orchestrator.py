@@ -76,12 +76,13 @@ def media_policy(config: ResolvedConfig) -> MediaPolicy:
 class Orchestrator:
     """Routes requests to stages. Start with ``start()``, stop with ``stop()``."""
 
-    def __init__(self, config: ResolvedConfig, log_level: str = "info") -> None:
+    def __init__(self, config: ResolvedConfig, log_level: str = "info",
+                 log_format: str = "text") -> None:
         self.config = config
         self.pipeline = config.pipeline()
         self.mode = self.pipeline.mode
         self.policy = media_policy(config)
-        self.stages = StageSet(config, log_level)
+        self.stages = StageSet(config, log_level, log_format)
         self.ids = RequestIds()
         self.active: set[str] = set()
         self._doom: dict[str, _Doom] = {}

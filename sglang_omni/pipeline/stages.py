@@ -33,10 +33,12 @@ def engine_spec(config: ResolvedConfig, name: str) -> EngineSpec:
 class StageSet:
     """All process stages of a pipeline, by name."""
 
-    def __init__(self, config: ResolvedConfig, log_level: str = "info") -> None:
+    def __init__(self, config: ResolvedConfig, log_level: str = "info",
+                 log_format: str = "text") -> None:
         self.handles: dict[str, StageHandle] = {
             s.name: StageHandle(engine_spec(config, s.name),
-                                float(s.factory.get("startup_timeout_s", 900)), log_level)
+                                float(s.factory.get("startup_timeout_s", 900)), log_level,
+                                log_format)
             for s in config.process_stages()
         }
         self.supervisors: dict[str, StageSupervisor] = {

@@ -72,11 +72,13 @@ class StageCounters:
 class StageHandle:
     """Owns one stage process. Use from a single asyncio loop."""
 
-    def __init__(self, spec: EngineSpec, startup_timeout_s: float, log_level: str = "info"):
+    def __init__(self, spec: EngineSpec, startup_timeout_s: float, log_level: str = "info",
+                 log_format: str = "text"):
         self.spec = spec
         self.name = spec.stage
         self.startup_timeout_s = startup_timeout_s
         self.log_level = log_level
+        self.log_format = log_format
         self.ready = False
         self.dead = False
         self.exitcode: int | None = None
@@ -181,7 +183,8 @@ class StageHandle:
         ours, theirs = channel_pair()
         self._process = ctx.Process(
             target=stage_main,
-            args=(self.spec, device_env(self.spec.gpu), theirs, self.log_level),
+            args=(self.spec, device_env(self.spec.gpu), theirs, self.log_level,
+                  self.log_format),
             name=f"sgl-omni-{self.name}", daemon=False,
         )
         self._process.start()

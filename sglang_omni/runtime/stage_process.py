@@ -33,6 +33,7 @@ from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, pack_header
+from sglang_omni.runtime.log_format import configure_logging
 from sglang_omni.runtime.proc import die_with_parent, start_idle_child
 
 log = logging.getLogger("sglang_omni.stage")
@@ -41,17 +42,15 @@ log = logging.getLogger("sglang_omni.stage")
 FATAL_EXIT_CODE = 3
 
 
-def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str) -> None:
+def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str,
+               log_format: str = "text") -> None:
     """Run a stage until shutdown; the exit code is 0 on a clean stop, 1 on startup failure,
     3 when the engine failed while serving."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device_env
     os.setpgid(0, 0)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server coordinates Ctrl-C
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr,
-        format=f"%(asctime)s [{spec.stage} stage] %(levelname)s %(message)s",
-    )
+    configure_logging(log_level, log_format, stage=spec.stage)
     code = asyncio.run(_StageServer(spec, Channel(sock)).serve())
     sys.exit(code)
 

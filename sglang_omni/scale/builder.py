@@ -28,6 +28,7 @@ from ray.serve import Application
 
 from sglang_omni.config import ResolvedConfig, parse_overrides
 from sglang_omni.errors import ConfigError
+from sglang_omni.runtime.log_format import LOG_FORMATS
 from sglang_omni.scale.gateway import OmniGateway
 from sglang_omni.scale.replica import OmniReplica
 from sglang_omni.scale.routers import ROUTERS
@@ -38,7 +39,6 @@ from sglang_omni.scale.spec import (
     ServerSource,
     plan_replicas,
 )
-from sglang_omni.serve.log_format import LOG_FORMATS
 
 #: Requests Ray lets a replica or gateway hold at once; Omni's own admission (max_active, the
 #: planner) decides what a replica takes, so Ray's cap is only a backstop.

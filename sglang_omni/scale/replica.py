@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sglang_omni.errors import ConfigError
+from sglang_omni.runtime.log_format import configure_logging
 from sglang_omni.scale.asgi_call import (
     STREAM_END,
     Message,
@@ -35,7 +36,6 @@ from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
 from sglang_omni.serve.app import create_app
 from sglang_omni.serve.fleet_queue import WAITED_S_KEY
-from sglang_omni.serve.log_format import configure_logging
 
 log = logging.getLogger("sglang_omni.scale")
 #: Client messages a relayed WebSocket session may hold before the gateway's next one waits.
@@ -64,7 +64,8 @@ class OmniReplica:
             raise RuntimeError(f"configuration error on this replica: {exc}") from None
         source = plan.source
         configure_logging(source.log_level, source.log_format, role="replica")
-        self.app = create_app(config, source.model_name, source.log_level)
+        self.app = create_app(config, source.model_name, source.log_level,
+                              log_format=source.log_format)
         self.orchestrator = self.app.state.orchestrator
         self.id, node = _replica_identity()
         self.stats = ReplicaStats(self.orchestrator, self.id, node)

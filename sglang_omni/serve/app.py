@@ -61,11 +61,12 @@ def error_response(exc: OmniError,
 
 
 def create_app(config: ResolvedConfig, model_name: str | None = None,
-               log_level: str = "info", *, background_start: bool = False,
+               log_level: str = "info", *, log_format: str = "text",
+               background_start: bool = False,
                on_ready: Callable[[], Awaitable[None]] | None = None,
                on_startup_failure: Callable[[], None] | None = None) -> FastAPI:
     """Build the app; stages start in the lifespan (see the module docstring)."""
-    orchestrator = Orchestrator(config, log_level)
+    orchestrator = Orchestrator(config, log_level, log_format)
     served_name = model_name or config.model_path or config.config_cls
     routes = MODE_ROUTES[orchestrator.mode](orchestrator, served_name)
 

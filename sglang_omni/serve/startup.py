@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.serve.log_format import configure_logging
+from sglang_omni.runtime.log_format import configure_logging
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -110,7 +110,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
         holder["server"].should_exit = True
 
     try:
-        app = create_app(config, model_name, log_level, background_start=True,
+        app = create_app(config, model_name, log_level, log_format=log_format,
+                         background_start=True,
                          on_ready=on_ready, on_startup_failure=on_failure)
     except ConfigError as exc:
         print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
