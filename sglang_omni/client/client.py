@@ -75,13 +75,18 @@ class Client(DirectGeneration, RealtimeClients):
                  messages: list[dict[str, Any]] | None = None, stream: bool = False,
                  stage_params: dict[str, Any] | None = None,
                  stage_sampling: dict[str, Any] | None = None, rid: str | None = None,
-                 **sampling: Any) -> UMMCompletionResult | GenerateStream:
+                 progress: bool = False, **sampling: Any) -> UMMCompletionResult | GenerateStream:
         """``/generate``: with ``stream=True`` an iterator of ``UMMGenerateChunk`` (close it to
-        abort the request), else the ``UMMCompletionResult``."""
+        abort the request; ``progress=True`` adds ``progress`` chunks: each Reasoner turn and
+        generation step), else the ``UMMCompletionResult``."""
+        if progress and not stream:
+            raise TypeError("progress=True needs stream=True (progress is streamed)")
         body = self._body(prompt=prompt, messages=messages, stage_params=stage_params,
                           stage_sampling=stage_sampling, rid=rid, sampling=sampling)
         if stream:
             body["stream"] = True
+            if progress:
+                body["include_progress"] = True
             return self._stream_generate(body)
         resp = self._http.post("/generate", json=body)
         raise_for(resp)
@@ -155,6 +160,8 @@ class GenerateStream(Iterator[UMMGenerateChunk]):
             payload = json.loads(data)
             if event == "segment":
                 yield UMMGenerateChunk("segment", segment=Segment.from_wire(payload))
+            elif event == "progress":
+                yield UMMGenerateChunk("progress", progress=payload)
             elif event == "complete":
                 yield UMMGenerateChunk(
                     "complete", finish_reason=payload.get("finish_reason"),

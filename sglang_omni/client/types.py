@@ -79,11 +79,14 @@ class UMMCompletionResult:
 
 @dataclass(frozen=True)
 class UMMGenerateChunk:
-    """One streamed event: ``event`` is ``segment`` (``segment`` set) or ``complete``
-    (``finish_reason``, ``segments`` as references and ``usage`` set)."""
+    """One streamed event: ``event`` is ``segment`` (``segment`` set), ``complete``
+    (``finish_reason``, ``segments`` as references and ``usage`` set) or, with
+    ``progress=True``, ``progress`` (``progress`` set: the server's progress object, see
+    docs/interleaved.md)."""
 
     event: str
     segment: Segment | None = None
+    progress: dict[str, Any] | None = None
     finish_reason: str | None = None
     segments: list[Segment] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)

@@ -90,3 +90,17 @@ def test_closing_iterator_early_aborts_generation(server: Server) -> None:
         chunks.close()
         wait_until(lambda: metric(server, "generation", "aborted") >= before + 1, timeout=5)
     assert metric(server, "generation", "aborted") == before + 1
+
+
+def test_generate_streams_progress_when_asked(server: Server) -> None:
+    ask = script({"action": "image", "prompt": "a"}, {"action": "final", "text": "b"})
+    with Client(server.url) as client:
+        chunks = list(client.generate(ask, stream=True, progress=True, stage_params=SMALL))
+        plain = list(client.generate(ask, stream=True, stage_params=SMALL))
+        with pytest.raises(TypeError, match="stream=True"):
+            client.generate(ask, progress=True)
+    progress = [c.progress for c in chunks if c.event == "progress"]
+    assert {p["stage"] for p in progress} == {"reasoner", "generation"}
+    assert [c.event for c in chunks if c.event != "progress"] == ["segment", "segment",
+                                                                  "complete"]
+    assert all(c.event != "progress" for c in plain)
