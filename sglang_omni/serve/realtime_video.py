@@ -22,7 +22,9 @@ Messages are binary msgpack maps both ways (:mod:`.ws_messages` bounds and check
 
 One session runs at a time (the generation stage serves one generation at a time): a second is
 answered ``{"type": "error", "content": "another realtime session is already active"}`` and
-closed with 1008, as native does.
+closed with 1008, as native does, unless the first ends within :data:`SLOT_WAIT_S` (a session
+whose client left keeps the slot until the stage has ended its aborted chunk, so a client that
+reconnects at once waits for that instead of being refused).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ from sglang_omni.serve.ws_messages import (
 
 log = logging.getLogger("sglang_omni.serve")
 ROUTE = "/v1/realtime_video/generate"
+#: Seconds a new session waits for the one session slot before it is refused.
+SLOT_WAIT_S = 5.0
 #: Native's realtime defaults (``RealtimeVideoGenerationsRequest``) where the init leaves them.
 REALTIME_DEFAULTS = {"seed": 42, "guidance_scale": 1.0}
 REALTIME_SIZE = "832x480"
@@ -216,12 +220,21 @@ async def _run(ctx: DirectContext, websocket: WebSocket) -> None:
 
 def add_realtime_video_route(router: APIRouter, ctx: DirectContext) -> None:
     active: set[int] = set()
+    freed = asyncio.Condition()
+
+    async def slot_free() -> bool:
+        """Whether the slot is free now or within SLOT_WAIT_S."""
+        async with freed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SLOT_WAIT_S):
+                    await freed.wait_for(lambda: not active)
+            return not active
 
     @router.websocket(ROUTE)
     async def realtime_video(websocket: WebSocket) -> None:
         """A realtime video session (see ``serve.realtime_video``)."""
         await websocket.accept()
-        if active:
+        if not await slot_free():
             await send(websocket, {"type": "error",
                                    "content": "another realtime session is already active"})
             await close(websocket, WS_POLICY_VIOLATION, "another realtime session is active")
@@ -233,3 +246,5 @@ def add_realtime_video_route(router: APIRouter, ctx: DirectContext) -> None:
         finally:
             ctx.sessions.leave()
             active.discard(id(websocket))
+            async with freed:
+                freed.notify_all()

@@ -188,3 +188,16 @@ def test_a_failed_chunk_ends_the_session(server: Server) -> None:
         assert error["content"].startswith("error during generate loop:")
         assert error["error"]["code"] == 500
         assert closed_code(conn) == 1000
+
+
+def test_a_session_opened_as_the_last_one_ends_waits_for_its_slot() -> None:
+    with scripted_server("--generation.factory.step_time_s", "0.25") as slow:
+        with ws(slow, "/v1/realtime_video/generate") as conn:
+            conn.send(msgpack.packb({**INIT, "prompt": "sea !abort-delay=1",
+                                     "num_inference_steps": 100}))
+            wait_for(lambda: metric(slow, "submitted") == 1, timeout=10)
+        # the first session's chunk takes 1 s to abort; the next session waits for the slot
+        with ws(slow, "/v1/realtime_video/generate") as again:
+            again.send(msgpack.packb({**INIT, "max_chunks": 1, "num_inference_steps": 1}))
+            assert recv(again)["type"] == "frame_batch"
+        assert metric(slow, "aborted") == 1
