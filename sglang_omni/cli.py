@@ -58,6 +58,9 @@ def _ray_args(p: argparse.ArgumentParser) -> None:
         "deadline router: an interleaved request no replica's plan admits now waits at the "
         "gateway up to S seconds for one that will, its deadline counted from its arrival "
         "(default 30; 0 answers 503 at once)"))
+    ray.add_argument("--max-waiting", type=int, default=256, metavar="N", help=(
+        "deadline router: at most N requests wait at each gateway at once; beyond them a request "
+        "no replica admits now is answered 503 at once (default 256)"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,11 @@ first replica it reaches; the gateway is what can look at the answer first:
 
 * a request on a planned route (:data:`PLANNED`) carries its arrival time (``arrived_at``): the
   deadline router may hold it until a replica admits it (``max_wait_s``), and the replica counts
-  its deadline from that arrival (:mod:`~sglang_omni.serve.fleet_queue`);
+  its deadline from that arrival (:mod:`~sglang_omni.serve.fleet_queue`); at most
+  ``max_waiting`` such requests wait at once (:class:`WaitingRoom`): beyond them a request is
+  sent with ``may_wait=False``, so it is admitted now or refused with the replica's 503;
+* a request on a planned route that reuses a client ``rid`` is sent to the replica that took
+  that id (:mod:`~sglang_omni.scale.rid_pins`), which refuses it as one server would;
 * a 503 (admission refused: the plan, ``max_active``, a restarting stage) is retried on another
   replica, up to ``retries`` times, the replicas that refused it passed to the router as
   ``exclude``; the last 503 reaches the client as it was;
@@ -62,6 +66,7 @@ from sglang_omni.scale.asgi_call import (
     StreamCut,
     forwarded,
 )
+from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
 from sglang_omni.serve.app import error_response
 from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.responses import json_response
@@ -79,6 +84,33 @@ PLANNED = re.compile(r"^/(generate|v1/chat/completions)/?$")
 SESSION_LOST = "the replica serving this session exited; Ray Serve is replacing it; reconnect"
 REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
                 "request was in flight; Ray Serve is replacing it; retry the request")
+
+
+class WaitingRoom:
+    """Counts the planned calls that have not reached a replica yet (those the deadline router
+    may hold); ``enter`` says whether one more may wait. Used from the gateway's event loop."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.waiting = 0
+        self._full_logged = False
+
+    def enter(self) -> bool:
+        """Take a place (True), or False when all ``capacity`` places are taken."""
+        if self.waiting >= self.capacity:
+            if self.capacity and not self._full_logged:
+                self._full_logged = True
+                log.warning("%d requests are waiting at this gateway for a replica that admits "
+                            "them (--max-waiting); more are refused at once when no replica "
+                            "admits them", self.waiting)
+            return False
+        self.waiting += 1
+        return True
+
+    def leave(self) -> None:
+        self.waiting -= 1
+        if self._full_logged and self.waiting < self.capacity // 2:
+            self._full_logged = False
 
 
 @dataclass(frozen=True)
@@ -112,11 +144,13 @@ class OmniGateway:
     """A Serve ingress deployment class (``serve.ingress()`` is applied by the builder)."""
 
     def __init__(self, replicas: DeploymentHandle, server: ServerSettings, retries: int,
-                 replica_count: int) -> None:
+                 replica_count: int, max_waiting: int = 256) -> None:
         self.replicas = replicas
         self.server = server
         self.retries = retries
         self.replica_count = replica_count
+        self.waiting_room = WaitingRoom(max_waiting)
+        self.rid_pins = RidPins()
 
     def __serve_build_asgi_app__(self) -> Any:
         return _Asgi(self)
@@ -137,10 +171,14 @@ class OmniGateway:
             return  # the client left before its body arrived
         arrived_at = time.time() if (scope["method"] == "POST"
                                      and PLANNED.match(scope["path"])) else None
+        rid = None
+        if arrived_at is not None:
+            rid = await asyncio.to_thread(client_rid, body) if needs_thread(body) \
+                else client_rid(body)
         request = forwarded(scope, body)
         relay = asyncio.ensure_future(
             self._list_everywhere(scope, request, send) if is_fleet_listing(scope)
-            else self._relay(scope, request, send, arrived_at))
+            else self._relay(scope, request, send, arrived_at, rid))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -271,13 +309,16 @@ class OmniGateway:
                 and attempt < self.replica_count - 1)
 
     async def _relay(self, scope: Scope, request: dict[str, Any], send: Send,
-                     arrived_at: float | None) -> None:
+                     arrived_at: float | None, rid: str | None = None) -> None:
+        """Forward until a replica's answer is relayed; a request reusing a client ``rid`` goes
+        first to the replica that took it."""
         tried: list[str] = []
         attempt = 0
         while True:
+            pin = self.rid_pins.replica_for(rid) if rid is not None and not attempt else None
             refused = await self._attempt(scope, request, send, tried,
                                           partial(self.may_retry, scope, attempt=attempt),
-                                          arrived_at)
+                                          arrived_at, rid, pin)
             if refused is None:
                 return
             log.info("replica %s answered %s %s with %d; asking another replica",
@@ -287,19 +328,34 @@ class OmniGateway:
 
     async def _attempt(self, scope: Scope, request: dict[str, Any], send: Send,
                        tried: list[str], may_retry: Callable[[int], bool],
-                       arrived_at: float | None) -> _Refused | None:
+                       arrived_at: float | None, rid: str | None = None,
+                       pin: str | None = None) -> _Refused | None:
         """Forward to one replica and relay its answer; the answer held back when
         ``may_retry(status)``. ``arrived_at`` (planned routes only) lets the router hold the
-        request until a replica admits it, and the replica count its deadline from then."""
+        request until a replica admits it (while the waiting room has a place), and the replica
+        count its deadline from then. ``rid`` (a client's) is pinned to the replica that takes
+        it; ``pin`` sends the call to that replica."""
         kwargs: dict[str, Any] = {"exclude": list(tried)}
+        if pin is not None:
+            kwargs["replica"] = pin
+        waiting = False
         if arrived_at is not None:
             kwargs["arrived_at"] = arrived_at
+            waiting = self.waiting_room.enter()
+            if not waiting:
+                kwargs["may_wait"] = False
         call = cast(DeploymentResponseGenerator,
                     self.replicas.options(stream=True).call.remote(request, **kwargs))
         started: Message | None = None
         held: _Refused | None = None
+        replica: str | None = None
         try:
             replica = await call.__anext__()
+            if waiting:
+                waiting = False
+                self.waiting_room.leave()
+            if rid is not None:
+                self.rid_pins.started(rid, replica)
             async for batch in call:
                 if batch == STREAM_END:
                     return held
@@ -317,6 +373,12 @@ class OmniGateway:
             await self._failed(scope, send, started if held is None else None, exc)
             return None
         finally:
+            if waiting:
+                self.waiting_room.leave()
+            if rid is not None and replica is not None:
+                status = started["status"] if started is not None else None
+                self.rid_pins.ended(rid, replica, refused=status is None or status == 503
+                                    or 400 <= status < 500)
             call.cancel()
 
     async def _failed(self, scope: Scope, send: Send, started: Message | None,

@@ -78,12 +78,14 @@ class OmniReplica:
             f"{n} {h.pid}" for n, h in self.orchestrator.stages.handles.items()))
 
     async def call(self, request: dict[str, Any], exclude: list[str] | None = None,
-                   arrived_at: float | None = None) -> AsyncIterator[str | list[Message]]:
+                   arrived_at: float | None = None, may_wait: bool = True,
+                   replica: str | None = None) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
-        in batches, then :data:`STREAM_END`. ``exclude`` is for the router (replicas that
-        refused it), not used here; ``arrived_at`` (wall clock) is when a planned request
-        reached the gateway: its deadline counts from then
-        (:mod:`~sglang_omni.serve.fleet_queue`)."""
+        in batches, then :data:`STREAM_END`. ``exclude``, ``may_wait`` and ``replica`` are for
+        the router (replicas that refused it; whether it may wait for one; the replica it is
+        pinned to), not used here;
+        ``arrived_at`` (wall clock) is when a planned request reached the gateway: its
+        deadline counts from then (:mod:`~sglang_omni.serve.fleet_queue`)."""
         path = request["path"]
         self.stats.started(path)  # before the first yield: the stats count it from now
         scope = http_scope(request)

@@ -61,6 +61,12 @@ def pinned(candidates: list[RunningReplica], pending: PendingRequest | None
     return [chosen or list(candidates)]
 
 
+def may_wait(pending: PendingRequest | None) -> bool:
+    """Whether the gateway lets the request wait (its ``may_wait`` keyword: False once the
+    gateway's waiting room is full)."""
+    return pending is not None and pending.kwargs.get("may_wait", True) is not False
+
+
 def waited(pending: PendingRequest | None, now: float) -> float | None:
     """Seconds since the request arrived at the gateway (its ``arrived_at`` keyword, wall
     clock), or None for a request the gateway does not let wait (not a planned route)."""
@@ -91,8 +97,9 @@ class DeadlineRouter(RequestRouter):
 
     A planned request (one the gateway sent with ``arrived_at``) that no replica admits now
     waits while one could admit it later (:func:`~sglang_omni.scale.ranking.should_wait`), at
-    most ``max_wait_s`` (a keyword of ``initialize_state``; 0: never): the router returns no
-    replica, and Ray asks again after a backoff of at most half a second.
+    most ``max_wait_s`` (a keyword of ``initialize_state``; 0: never) and unless the gateway
+    sent it with ``may_wait=False`` (its waiting room full): the router returns no replica, and
+    Ray asks again after a backoff of at most half a second.
     """
 
     def initialize_state(self, max_wait_s: float = 0.0, **kwargs: Any) -> None:
@@ -154,7 +161,7 @@ class DeadlineRouter(RequestRouter):
             for rid in self._calls.pop(gone):
                 self._where.pop(rid, None)
         wait = waited(pending_request, now)
-        if (wait is not None and wait < self.max_wait_s
+        if (wait is not None and wait < self.max_wait_s and may_wait(pending_request)
                 and should_wait(sorted(by_id), stats, since, now, wait,
                                 excluded(pending_request))):
             return []

@@ -78,12 +78,14 @@ class ScaleOptions:
     picks the replica (``deadline``, ``pow2`` or ``round_robin``); a 503 is retried on another
     replica up to ``retries`` times (None: one less than the replicas, at most 3); with the
     ``deadline`` router a planned request no replica admits now waits at the gateway up to
-    ``max_wait_s`` for one that will (0: refused at once)."""
+    ``max_wait_s`` for one that will (0: refused at once), at most ``max_waiting`` requests at
+    once on each gateway (beyond them a request is refused at once when no replica admits it)."""
 
     replicas: int = 2
     router: str = "deadline"
     retries: int | None = None
     max_wait_s: float = 30.0
+    max_waiting: int = 256
     gateways: int = 1
     stats_period_s: float = 0.5
     replica_cpus: float = 1.0
@@ -103,6 +105,8 @@ class ScaleOptions:
         if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
             raise ConfigError(f"--max-wait-s: expected a number of seconds >= 0, got "
                               f"{self.max_wait_s}")
+        if self.max_waiting < 0:
+            raise ConfigError(f"--max-waiting: expected 0 or more, got {self.max_waiting}")
         if not self.stats_period_s > 0:
             raise ConfigError(f"stats_period_s: expected a positive number, got "
                               f"{self.stats_period_s}")
@@ -148,5 +152,6 @@ def from_cli(args: argparse.Namespace, extra: list[str]) -> tuple[ServerSource, 
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domain=args.allowed_media_domain, api_key=args.api_key)
     options = ScaleOptions(replicas=args.replicas, router=args.router, retries=args.retries,
-                           gateways=args.gateways, max_wait_s=args.max_wait_s)
+                           gateways=args.gateways, max_wait_s=args.max_wait_s,
+                           max_waiting=args.max_waiting)
     return source, options

@@ -90,13 +90,14 @@ class Fleet:
 
 def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "deadline",
            retries: int | None = None, config: Path | None = SCRIPTED,
-           text_only: bool = False, max_wait_s: float = 30.0) -> Fleet:
+           text_only: bool = False, max_wait_s: float = 30.0,
+           max_waiting: int = 256) -> Fleet:
     """Deploy (replacing the previous application) and wait until every replica is healthy and
     its stats reach the router (one stats period after they first answer)."""
     with_delete()
     source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only)
     options = ScaleOptions(replicas=replicas, router=router, retries=retries,
-                           max_wait_s=max_wait_s)
+                           max_wait_s=max_wait_s, max_waiting=max_waiting)
     serve.run(build(source, options), name=APP, route_prefix="/")
     fleet = Fleet(cluster.url, replicas)
     fleet.wait(lambda s: len(s) == replicas and all(r["health"] == "ok" for r in s),

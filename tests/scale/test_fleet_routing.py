@@ -2,7 +2,8 @@
 plan admits it, never to one whose plan would refuse it while the other admits it; a 503 from one
 replica is retried on the other before the client sees it (round robin, which does not look at
 the plans, shows both: with retries the client never sees the 503, without them it does). A
-request no replica admits now waits at the gateway for one that will, unless ``max_wait_s`` is 0."""
+request no replica admits now waits at the gateway for one that will, unless ``max_wait_s`` is 0
+or ``max_waiting`` requests already wait there."""
 
 from __future__ import annotations
 
@@ -81,11 +82,8 @@ def test_a_503_is_retried_on_another_replica(cluster: RayCluster, retries: int |
     long_one.join()
 
 
-@pytest.mark.parametrize("max_wait_s", [30.0, 0.0])
-def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
-                                                   max_wait_s: float) -> None:
-    fleet = deploy(cluster, "--orchestrator.factory.max_active", "1",
-                   "--generation.factory.step_time_s", "0.01", max_wait_s=max_wait_s)
+def fill_both_replicas(fleet: Fleet) -> list[threading.Thread]:
+    """Both replicas measure a generation, then each holds a 3 s request (max_active 1)."""
     warm = [threading.Thread(target=generate, args=(fleet,)) for _ in range(2)]
     for t in warm:  # both replicas measure a generation (max_active 1: one each)
         t.start()
@@ -101,6 +99,15 @@ def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
     held.append(threading.Thread(target=generate, args=(fleet, long), daemon=True))
     held[1].start()
     fleet.wait(lambda s: all(r["in_flight"] for r in s), what="both replicas full")
+    return held
+
+
+@pytest.mark.parametrize("max_wait_s", [30.0, 0.0])
+def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
+                                                   max_wait_s: float) -> None:
+    fleet = deploy(cluster, "--orchestrator.factory.max_active", "1",
+                   "--generation.factory.step_time_s", "0.01", max_wait_s=max_wait_s)
+    held = fill_both_replicas(fleet)
     before = refusals(fleet)
     sent = time.monotonic()
     code = generate(fleet)
@@ -113,3 +120,57 @@ def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
         assert code == 503 and waited < 2.0, (code, waited)
     for t in held:
         t.join()
+
+
+def test_beyond_max_waiting_a_request_is_refused_at_once(cluster: RayCluster) -> None:
+    fleet = deploy(cluster, "--orchestrator.factory.max_active", "1",
+                   "--generation.factory.step_time_s", "0.01", max_waiting=1)
+    held = fill_both_replicas(fleet)
+    answers: list[tuple[int, float]] = []
+
+    def timed() -> None:
+        sent = time.monotonic()
+        code = generate(fleet)
+        answers.append((code, time.monotonic() - sent))
+
+    waiting = threading.Thread(target=timed)
+    waiting.start()
+    time.sleep(0.5)  # the first one is in the gateway's waiting room (its one place)
+    timed()
+    waiting.join()
+    refused, admitted = answers  # the second request's answer comes first
+    assert refused[0] == 503 and refused[1] < 2.0, answers
+    assert admitted[0] == 200 and admitted[1] > 1.0, answers
+    for t in held:
+        t.join()
+
+
+def test_a_reused_client_rid_is_refused_as_on_one_server(cluster: RayCluster) -> None:
+    # Round robin would send each next request to the other replica: only the gateway's pin
+    # takes a reused id to the replica that knows it.
+    fleet = deploy(cluster, "--generation.factory.step_time_s", "0.01", router="round_robin")
+
+    def with_rid(rid: str, prompt: str = ONE_IMAGE, **extra: object) -> httpx.Response:
+        return httpx.post(f"{fleet.url}/generate", timeout=60,
+                          json={"prompt": prompt, "rid": rid, "stage_params": GEN, **extra})
+
+    long = script({"action": "image", "prompt": "!sleep=2 long"},
+                  {"action": "final", "text": "ok"})
+    first: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: first.append(with_rid("dup-1", long)))
+    thread.start()
+    fleet.wait(lambda s: any(r["in_flight"] for r in s), what="the first request in flight")
+    for _ in range(2):
+        again = with_rid("dup-1")
+        assert again.status_code == 400, again.text
+        assert "already in use by a request in flight" in again.json()["error"]["message"]
+    thread.join()
+    assert first[0].status_code == 200, first[0].text
+    for _ in range(2):
+        later = with_rid("dup-1")
+        assert later.status_code == 400, later.text
+        assert "was used by a request that ended" in later.json()["error"]["message"]
+    # an id whose request was refused is free again, on any replica
+    refused = with_rid("free-1", stage_params={"generation": {"width": -1}})
+    assert refused.status_code == 400, refused.text
+    assert [with_rid("free-1").status_code] == [200]

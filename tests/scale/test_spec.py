@@ -62,7 +62,7 @@ def test_fleet_options() -> None:
     assert ScaleOptions(replicas=8).retry_limit == 3
     assert ScaleOptions(replicas=8, retries=0).retry_limit == 0
     for bad in ({"replicas": 0}, {"router": "random"}, {"retries": -1}, {"gateways": 0},
-                {"max_wait_s": -1.0}, {"max_wait_s": float("nan")}):
+                {"max_wait_s": -1.0}, {"max_wait_s": float("nan")}, {"max_waiting": -1}):
         with pytest.raises(ConfigError):
             ScaleOptions(**bad)
 
@@ -87,9 +87,11 @@ def test_the_serve_application_builder_reads_serve_run_arguments(
     assert source.options == {"text_only": False}
     with pytest.raises(ConfigError, match="unknown application argument"):
         builder.app_builder({"config": str(SCRIPTED), "replica": 2})
-    builder.app_builder({"config": str(SCRIPTED), "max_wait_s": "0", "log_format": "json"})
+    builder.app_builder({"config": str(SCRIPTED), "max_wait_s": "0", "max_waiting": "8",
+                         "log_format": "json"})
     source, options = built[1]
-    assert options.max_wait_s == 0.0 and source.log_format == "json"
+    assert options.max_wait_s == 0.0 and options.max_waiting == 8
+    assert source.log_format == "json"
     with pytest.raises(ConfigError, match="log_format"):
         builder.app_builder({"config": str(SCRIPTED), "log_format": "xml"})
 
@@ -100,3 +102,14 @@ def test_only_the_deadline_router_takes_the_wait() -> None:
 
     assert router_kwargs(ScaleOptions(max_wait_s=5.0)) == {"max_wait_s": 5.0}
     assert router_kwargs(ScaleOptions(router="pow2")) == {}
+
+
+def test_the_waiting_room_holds_max_waiting_requests() -> None:
+    pytest.importorskip("ray.serve")
+    from sglang_omni.scale.gateway import WaitingRoom
+
+    room = WaitingRoom(2)
+    assert [room.enter(), room.enter(), room.enter()] == [True, True, False]
+    room.leave()
+    assert room.enter() and not room.enter()
+    assert not WaitingRoom(0).enter()
