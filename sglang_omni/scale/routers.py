@@ -109,24 +109,31 @@ class DeadlineRouter(RequestRouter):
         self._rng = random.Random()
 
     def _file(self, key: str, rid: str, now: float, sent: bool) -> None:
-        """File request ``rid`` under replica ``key`` (moving it from where it was)."""
+        """File request ``rid`` under replica ``key`` (moving it from where it was; a request
+        whose calls all ended, retried, starts afresh)."""
         old = self._where.get(rid)
         call = self._calls.get(old, {}).pop(rid, None) if old is not None else None
-        call = call or _Call(now)
+        if call is None or call.ended is not None:
+            call = _Call(now)
         call.sent_for_sure = call.sent_for_sure or sent
         self._calls.setdefault(key, {})[rid] = call
         self._where[rid] = key
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
-        self._file(replica_id.unique_id, pending_request.metadata.internal_request_id,
-                   time.time(), sent=True)
+        rid = pending_request.metadata.internal_request_id
+        self._file(replica_id.unique_id, rid, time.time(), sent=True)
+        self._calls[replica_id.unique_id][rid].open += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """A call ended; the request ends with the last of its calls (a WebSocket session's
+        messages are calls of their own under the session's request id)."""
         key = self._where.get(internal_request_id, replica_id.unique_id)
         call = self._calls.get(key, {}).get(internal_request_id)
         if call is not None:
-            call.ended = time.time()
+            call.open = max(0, call.open - 1)
+            if call.open == 0:
+                call.ended = time.time()
 
     def _since(self, key: str, stats: dict[str, Any] | None, now: float) -> Since:
         """Correct the replica's stats by its calls; forget calls the stats already show
@@ -174,9 +181,14 @@ class DeadlineRouter(RequestRouter):
 
 @dataclass
 class _Call:
+    """One request the router sent: when, whether Ray confirmed it (``sent_for_sure``), its
+    calls not yet completed (``open``: a session and its messages share one request id) and
+    when the last ended."""
+
     sent: float
     ended: float | None = None
     sent_for_sure: bool = False
+    open: int = 0
 
 
 class RoundRobinRouter(RequestRouter):
