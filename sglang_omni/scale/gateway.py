@@ -17,7 +17,8 @@ first replica it reaches; the gateway is what can look at the answer first:
   ``exclude``; the last 503 reaches the client as it was;
 * a 404 for a result a replica holds (direct generation's video jobs and stored images, by id:
   :data:`HELD_RESULT`) is asked of the other replicas in turn: the result lives on the replica
-  that made it;
+  that made it; ``GET /v1/videos`` lists every replica's jobs, and ``GET /metrics`` is every
+  replica's metrics, each sample labelled with its replica;
 * a replica that dies (its process killed) before its answer started answers 500 with the error
   a stage death gives; after a stream started, the stream ends with that error (``event: error``
   on ``/generate``, an ``{"error": ...}`` chunk on chat) and ``[DONE]``, as on one server;
@@ -66,6 +67,7 @@ from sglang_omni.scale.asgi_call import (
     StreamCut,
     forwarded,
 )
+from sglang_omni.scale.fleet_metrics import merge
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
 from sglang_omni.serve.app import error_response
 from sglang_omni.serve.http_errors import GENERIC_500
@@ -135,6 +137,11 @@ def is_fleet_listing(scope: Scope) -> bool:
     return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/videos"
 
 
+def is_fleet_metrics(scope: Scope) -> bool:
+    """Whether the request reads every replica's metrics (``GET /metrics``)."""
+    return scope["method"] == "GET" and scope["path"].rstrip("/") == "/metrics"
+
+
 def is_sse(start: Message) -> bool:
     return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                for k, v in start.get("headers", []))
@@ -176,9 +183,13 @@ class OmniGateway:
             rid = await asyncio.to_thread(client_rid, body) if needs_thread(body) \
                 else client_rid(body)
         request = forwarded(scope, body)
-        relay = asyncio.ensure_future(
-            self._list_everywhere(scope, request, send) if is_fleet_listing(scope)
-            else self._relay(scope, request, send, arrived_at, rid))
+        if is_fleet_listing(scope):
+            answer = self._list_everywhere(scope, request, send)
+        elif is_fleet_metrics(scope):
+            answer = self._metrics_everywhere(scope, request, send)
+        else:
+            answer = self._relay(scope, request, send, arrived_at, rid)
+        relay = asyncio.ensure_future(answer)
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -265,13 +276,13 @@ class OmniGateway:
                 f"the request body did not arrive within {self.server.body_timeout_s:g} s "
                 "(server.body_timeout_s); send it faster or raise the limit") from None
 
-    async def _list_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
-                               ) -> None:
-        """``GET /v1/videos`` of the fleet: every replica's jobs, newest first. Replicas are
-        asked in turn (each call excluding those already asked) until one repeats or all
-        answered; an answer other than 200 is relayed as it is."""
+    async def _every_replica(self, request: dict[str, Any]
+                             ) -> list[tuple[str, Message, bytes]]:
+        """Every replica's answer to ``request`` as (replica, start message, body): replicas
+        are asked in turn (each call excluding those already asked) until one repeats or all
+        answered; a replica that dies is left out."""
         tried: list[str] = []
-        jobs: list[dict[str, Any]] = []
+        answers: list[tuple[str, Message, bytes]] = []
         for _ in range(self.replica_count):
             call = cast(DeploymentResponseGenerator, self.replicas.options(stream=True).call
                         .remote(request, exclude=list(tried)))
@@ -281,24 +292,54 @@ class OmniGateway:
                 if STREAM_END not in batches:
                     raise StreamCut("the replica's stream stopped before its end")
                 messages = [m for batch in batches if batch != STREAM_END for m in batch]
+            except (RayActorError, StreamCut):
+                log.warning("a replica exited while %s %s asked every replica; its answer is "
+                            "left out", request["method"], request["path"])
+                continue
             finally:
                 call.cancel()
             if replica in tried:
                 break
             tried.append(replica)
             start = next(m for m in messages if m["type"] == "http.response.start")
-            if start["status"] != 200:
-                for message in messages:
-                    await send(message)
-                return
             body = b"".join(m.get("body", b"") for m in messages
                             if m["type"] == "http.response.body")
+            answers.append((replica, start, body))
+        return answers
+
+    async def _list_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
+                               ) -> None:
+        """``GET /v1/videos`` of the fleet: every replica's jobs, newest first; an answer other
+        than 200 is relayed as it is."""
+        jobs: list[dict[str, Any]] = []
+        for _, start, body in await self._every_replica(request):
+            if start["status"] != 200:
+                await _send_answer(send, start, body)
+                return
             jobs.extend(json.loads(body)["data"])
         jobs.sort(key=lambda job: job.get("created_at", 0), reverse=True)
         await json_response({"object": "list", "data": jobs,
                              "first_id": jobs[0]["id"] if jobs else None,
                              "last_id": jobs[-1]["id"] if jobs else None,
                              "has_more": False})(scope, _never, send)
+
+    async def _metrics_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
+                                  ) -> None:
+        """``GET /metrics`` of the fleet: every replica's metrics, labelled by replica
+        (:mod:`~sglang_omni.scale.fleet_metrics`); an answer other than 200 is relayed."""
+        texts: list[tuple[str, str]] = []
+        content_type = b"text/plain; version=0.0.4; charset=utf-8"
+        for replica, start, body in await self._every_replica(request):
+            if start["status"] != 200:
+                await _send_answer(send, start, body)
+                return
+            content_type = dict(start.get("headers", [])).get(b"content-type", content_type)
+            texts.append((replica, body.decode("utf-8", "replace")))
+        merged = merge(texts).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type),
+                                (b"content-length", str(len(merged)).encode())]})
+        await send({"type": "http.response.body", "body": merged, "more_body": False})
 
     def may_retry(self, scope: Scope, status: int, attempt: int) -> bool:
         """Whether answer ``status`` of attempt ``attempt`` (0 first) is asked elsewhere."""
@@ -408,6 +449,11 @@ class _Asgi:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.gateway.asgi(scope, receive, send)
+
+
+async def _send_answer(send: Send, start: Message, body: bytes) -> None:
+    await send(start)
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _never() -> Message:

@@ -148,6 +148,12 @@ def test_health_and_metrics_have_the_shape_of_one_server(fleet: Fleet, single: S
     got, want = both(fleet, single, "GET", "/metrics")
     names = [re.findall(r"^# TYPE (\S+)", text, re.M) for text in (got[2], want[2])]
     assert got[:2] == want[:2] and names[0] == names[1] and names[0]
+    # every replica's series, each labelled with its replica (a scrape reads the whole fleet)
+    samples = [line for line in got[2].splitlines() if line and not line.startswith("#")]
+    replica_of = [re.match(r'[^{ ]+\{replica="([^"]+)"', line) for line in samples]
+    assert all(replica_of), [s for s, m in zip(samples, replica_of, strict=True) if not m][:3]
+    assert {m.group(1) for m in replica_of if m} == {s["replica"] for s in fleet.stats()}
+    assert len(re.findall(r"^# TYPE ", got[2], re.M)) == len(set(names[0]))  # one group each
 
 
 def test_replicas_ask_for_their_gpus_and_their_stages_use_them(fleet: Fleet) -> None:

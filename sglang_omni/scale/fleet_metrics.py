@@ -1,0 +1,74 @@
+"""The fleet's ``/metrics``: every replica's Prometheus text in one exposition, each sample
+labelled with its replica.
+
+A scrape of the fleet's endpoint would otherwise read whichever replica the router picked, so
+counters would jump between replicas from one scrape to the next. Here each replica's series
+carry ``replica="<Ray replica id>"`` (sum over it for the fleet), and each metric family is one
+group (its ``# HELP``/``# TYPE`` once, then every replica's samples), as the text format
+requires. Pure code over the replicas' answers (Prometheus text format 0.0.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: The label each sample gains.
+REPLICA_LABEL = "replica"
+
+
+@dataclass
+class _Family:
+    header: list[str] = field(default_factory=list)
+    samples: list[str] = field(default_factory=list)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def labelled(sample: str, replica: str) -> str:
+    """One sample line with ``replica="<replica>"`` as its first label."""
+    label = f'{REPLICA_LABEL}="{_escape(replica)}"'
+    brace = sample.find("{")
+    space = sample.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        rest = sample[brace + 1:]
+        return f"{sample[:brace]}{{{label}{'' if rest.startswith('}') else ','}{rest}"
+    if space == -1:
+        return sample  # not a sample line: left as it is
+    return f"{sample[:space]}{{{label}}}{sample[space:]}"
+
+
+def _families(text: str) -> list[tuple[str, _Family]]:
+    """The metric families of one exposition, in order (samples before any header: "")."""
+    out: dict[str, _Family] = {}
+    current = ""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                current = parts[2]
+                out.setdefault(current, _Family()).header.append(line)
+            continue
+        out.setdefault(current, _Family()).samples.append(line)
+    return list(out.items())
+
+
+def merge(expositions: Sequence[tuple[str, str]]) -> str:
+    """One exposition of ``(replica, text)`` pairs: families in order of first appearance,
+    each family's header from the first replica that has it."""
+    merged: dict[str, _Family] = {}
+    for replica, text in expositions:
+        for name, family in _families(text):
+            into = merged.get(name)
+            if into is None:
+                into = merged[name] = _Family(header=list(family.header))
+            into.samples.extend(labelled(s, replica) for s in family.samples)
+    lines: list[str] = []
+    for family in merged.values():
+        lines.extend(family.header)
+        lines.extend(family.samples)
+    return "\n".join(lines) + "\n" if lines else ""
