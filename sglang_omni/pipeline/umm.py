@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -28,6 +27,7 @@ from sglang_omni.config.stages import MiB
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
 from sglang_omni.media.types import INLINE_LIMIT
+from sglang_omni.pipeline.json_size import json_size
 
 TEXT, IMAGE, VIDEO = "text", "image", "video"
 
@@ -275,7 +275,7 @@ def _sha256(data: bytes | bytearray) -> str:
 
 def history_bytes(messages: list[dict[str, Any]]) -> int:
     """Bytes the orchestrator holds for a client history (its JSON, inline media included)."""
-    return len(json.dumps(messages, ensure_ascii=False).encode())
+    return json_size(messages)
 
 
 class UMMRun:
@@ -327,7 +327,7 @@ class UMMRun:
                     # that keeps asking still ends within max_dispatches).
                     state.uncount_generation(dispatch)
                     result = StageResult({}, [], stage=dispatch.stage, receipt=receipt.message)
-                state.hold(len(json.dumps(result.payload, ensure_ascii=False).encode()))
+                state.hold(json_size(result.payload))
                 step = adapter.advance(result, state.budget())
         finally:
             adapter.close()

@@ -123,6 +123,12 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
     return value
 
 
+def lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone UTF-16 surrogate (an ASCII string, such as a base64
+    payload of megabytes, is answered without scanning it)."""
+    return not text.isascii() and _LONE_SURROGATE.search(text) is not None
+
+
 def _too_deep(max_depth: int) -> BadRequest:
     return BadRequest(f"the request body is nested deeper than {max_depth} levels "
                       "(server.max_json_depth); flatten it or raise the limit")
@@ -158,7 +164,7 @@ def check_wire_value(value: Any, max_depth: int) -> None:
                 raise BadRequest(f"{where}: {item!r} is not a finite number; send a finite "
                                  "number")
         elif isinstance(item, str):
-            if _LONE_SURROGATE.search(item):
+            if lone_surrogate(item):
                 raise BadRequest(f"{where}: the string {_show(item)} contains a lone UTF-16 "
                                  "surrogate; send valid Unicode text")
         elif isinstance(item, dict | list):
@@ -169,7 +175,7 @@ def check_wire_value(value: Any, max_depth: int) -> None:
                                       for i, v in enumerate(item)]))
                 continue
             for key in item:
-                if _LONE_SURROGATE.search(key):
+                if lone_surrogate(key):
                     raise BadRequest(f"{where}: the key {_show(key)} contains a lone UTF-16 "
                                      "surrogate; send valid Unicode keys")
             stack.extend(reversed([(sub, join_path(path, key), depth + 1)

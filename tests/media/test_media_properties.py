@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from sglang_omni.errors import MediaRefused
 from sglang_omni.media import InlineMedia, LocalMedia, MediaPolicy, RemoteMedia
+from sglang_omni.media.inline import is_base64
 
 SETTINGS = settings(
     max_examples=400,
@@ -301,3 +302,26 @@ def test_data_urls_accepted_exactly_up_to_the_limit(payload: bytes, mime: str) -
         return
     assert len(payload) <= 1500
     assert isinstance(source, InlineMedia) and source.payload.decoded_size == len(payload)
+
+
+# --- strict base64 -------------------------------------------------------------------------------
+def _native_decodes(text: str) -> bool:
+    """The oracle: whole quads that ``base64.b64decode(validate=True)`` (native SGLang's
+    decoding of inline media) accepts."""
+    if not text or len(text) % 4:
+        return False
+    try:
+        base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error, or a non-ASCII str
+        return False
+    return True
+
+
+@SETTINGS
+@given(st.one_of(
+    st.text(alphabet="AZaz09+/=", max_size=12),
+    st.text(alphabet="AZaz09+/=\n -_\u00e9\ud800", max_size=12),
+    st.binary(max_size=9).map(lambda b: base64.b64encode(b).decode()),
+))
+def test_strict_base64_is_what_native_decodes(text: str) -> None:
+    assert is_base64(text) == _native_decodes(text)
