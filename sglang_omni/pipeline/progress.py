@@ -11,11 +11,12 @@ to the callback the latter returns). A client that asked for progress subscribes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from sglang_omni.pipeline.read_ahead import end_read_ahead
 
 T = TypeVar("T")
 REASONER, GENERATION = "reasoner", "generation"
@@ -98,7 +99,7 @@ async def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]
     """``events`` with the progress events of ``queue`` in between, as they come (a progress
     event that is ready with the next item of ``events`` comes first). Ends when ``events``
     ends. Closing or cancelling this iterator cancels the pending read of ``events`` and closes
-    it, as :func:`sglang_omni.serve.sse.with_keepalive` does."""
+    it (:func:`~sglang_omni.pipeline.read_ahead.end_read_ahead`)."""
     pending: asyncio.Future[T] | None = None
     waiting: asyncio.Future[Progress] | None = None
     try:
@@ -122,14 +123,4 @@ async def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]
     finally:
         if waiting is not None:
             waiting.cancel()
-        ended = True
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({pending})
-            ended = not pending.done() or pending.cancelled() or \
-                pending.exception() is not None  # (retrieved, so never reported unretrieved)
-        if pending is None or not ended:  # suspended at a yield: close it
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        await end_read_ahead(events, pending)

@@ -15,7 +15,6 @@ the generic 500 (its traceback is logged, its text never sent).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -25,6 +24,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from sglang_omni.errors import OmniError, ServerError
+from sglang_omni.pipeline.read_ahead import end_read_ahead
 from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.request_log import note_failure
 
@@ -82,18 +82,7 @@ async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> Async
                 return
             yield item
     finally:
-        if pending is not None:
-            # Cancelling the read finishes ``events`` (the CancelledError ends it); wait for
-            # that. A cancel scope may interrupt the wait again: the task still ends promptly.
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({pending})
-            ended = not pending.done() or pending.cancelled() or \
-                pending.exception() is not None  # (retrieved, so never reported unretrieved)
-        if pending is None or not ended:  # suspended at a yield: close it
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        await end_read_ahead(events, pending)
 
 
 def sse_response(events: AsyncIterator[str], keepalive_s: float,

@@ -25,7 +25,7 @@ from typing import Any
 from sglang_omni.engines.actions import action_envelope, action_fields, plan_action
 from sglang_omni.engines.base import Job
 from sglang_omni.engines.generation_options import check_generation_options
-from sglang_omni.engines.hf.common import JobCancelled, log
+from sglang_omni.engines.hf.common import JobCancelled, step_callback
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
 from sglang_omni.engines.payloads import ActionResult, MediaResult
 from sglang_omni.engines.result import StageResult
@@ -97,17 +97,7 @@ def _run(engine: Any, job: Job, kwargs: dict[str, Any], seed: int) -> Any:
     """The pipeline call, on the model thread (cancellable between steps)."""
     import torch
 
-    steps = int(kwargs["num_inference_steps"])
-
-    def on_step_end(pipe: Any, index: int, timestep: Any,
-                    tensors: dict[str, Any]) -> dict[str, Any]:
-        if job.cancelled.is_set():
-            log.info("request %s: action generation cancelled after step %d of %d", job.rid,
-                     index + 1, steps)
-            raise JobCancelled()
-        job.emit({"step": index + 1, "steps": steps})
-        return {}
-
+    on_step_end = step_callback(job, int(kwargs["num_inference_steps"]), "action generation")
     if job.cancelled.is_set():
         raise JobCancelled()
     try:

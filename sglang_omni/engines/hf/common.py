@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.engines.base import EngineSpec, Job
 
 log = logging.getLogger("sglang_omni.hf")
 T = TypeVar("T")
@@ -17,6 +17,23 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 class JobCancelled(Exception):
     """Raised on the model thread when the job's ``cancelled`` flag stops the model."""
+
+
+def step_callback(job: Job, steps: int, what: str) -> Callable[..., dict[str, Any]]:
+    """A diffusers ``callback_on_step_end`` for a job of ``steps`` denoising steps: it reports
+    each step as a ``{"step", "steps"}`` chunk and stops the pipeline (:class:`JobCancelled`)
+    after the step during which the job was cancelled; ``what`` names the work in the log."""
+
+    def on_step_end(pipe: Any, index: int, timestep: Any,
+                    tensors: dict[str, Any]) -> dict[str, Any]:
+        if job.cancelled.is_set():
+            log.info("request %s: %s cancelled after step %d of %d", job.rid, what, index + 1,
+                     steps)
+            raise JobCancelled()
+        job.emit({"step": index + 1, "steps": steps})
+        return {}
+
+    return on_step_end
 
 
 def engine_options(spec: EngineSpec, defaults: dict[str, Any]) -> dict[str, Any]:

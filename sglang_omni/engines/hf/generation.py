@@ -44,6 +44,7 @@ from sglang_omni.engines.hf.common import (
     ThreadedModelEngine,
     engine_options,
     log,
+    step_callback,
     torch_device,
     torch_dtype,
 )
@@ -204,15 +205,7 @@ class HFGenerator(ThreadedModelEngine):
         if job.cancelled.is_set():
             raise JobCancelled()
         steps = int(call.kwargs.get("num_inference_steps", 35))
-
-        def on_step_end(pipe: Any, index: int, timestep: Any,
-                        tensors: dict[str, Any]) -> dict[str, Any]:
-            if job.cancelled.is_set():
-                log.info("request %s: generation cancelled after step %d of %d", job.rid,
-                         index + 1, steps)
-                raise JobCancelled()
-            job.emit({"step": index + 1, "steps": steps})
-            return {}
+        on_step_end = step_callback(job, steps, "generation")
 
         scheduler = self.pipe.scheduler
         if call.flow_shift is not None and call.flow_shift != self.base_flow_shift:
