@@ -26,6 +26,9 @@ class ServerSettings:
     api_key: str | None = None
     #: Largest request body in bytes (413 above it).
     max_body_bytes: int = 256 * MiB
+    #: Request-body bytes the server reads and parses at once, all requests together (503 for a
+    #: body that does not fit beside the others; one body always fits when it is alone).
+    max_pending_body_bytes: int = 1024 * MiB
     #: Deepest JSON nesting of a request body (400 above it).
     max_json_depth: int = 64
     #: Media references (images, videos, audios, image_path, video_path...) one request may carry.
@@ -65,7 +68,8 @@ class ServerSettings:
 
 
 _MINIMUM: dict[str, float] = {
-    "max_body_bytes": 1, "max_json_depth": 2, "max_media_parts": 0, "max_media_bytes": 1,
+    "max_body_bytes": 1, "max_pending_body_bytes": 1, "max_json_depth": 2,
+    "max_media_parts": 0, "max_media_bytes": 1,
     "media_fetch_timeout_s": 0.001, "media_fetch_deadline_s": 0.001,
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,

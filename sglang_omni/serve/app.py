@@ -25,6 +25,7 @@ from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import OmniError, ServiceUnavailable
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.auth import ApiKeyAuth
+from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.chat_routes import chat_routes
 from sglang_omni.serve.direct_routes import direct_routes
 from sglang_omni.serve.docs import docs_router
@@ -108,6 +109,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     app.router.route_class = OmniRoute
     app.state.orchestrator = orchestrator
     app.state.server_settings = config.server
+    app.state.body_budget = BodyBudget(config.server.max_pending_body_bytes)
     app.state.startup_error = None
     if config.server.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.server.api_key)

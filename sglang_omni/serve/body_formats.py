@@ -27,6 +27,7 @@ from typing import Any
 from starlette.requests import Request
 
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
+from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.msgpack_body import MSGPACK, read_msgpack_body
 from sglang_omni.serve.multipart_body import MULTIPART, URLENCODED, Form, Upload, read_form
 from sglang_omni.serve.request_body import check_content_type, check_wire_value, read_json_body
@@ -138,7 +139,21 @@ def form_value(form: Form, properties: dict[str, dict[str, Any]]) -> dict[str, A
 
 async def read_route_body(request: Request, extra: tuple[str, ...],
                           properties: dict[str, dict[str, Any]]) -> tuple[str, Any]:
-    """(format, value) of a route's body (see the module contract)."""
+    """(format, value) of a route's body (see the module contract), read and parsed under a
+    lease on the app's body budget (:mod:`.body_budget`)."""
+    budget = getattr(request.app.state, "body_budget", None)
+    if not isinstance(budget, BodyBudget):
+        return await _read_route_body(request, extra, properties)
+    with budget.lease() as lease:
+        request.state.body_lease = lease
+        try:
+            return await _read_route_body(request, extra, properties)
+        finally:
+            del request.state.body_lease
+
+
+async def _read_route_body(request: Request, extra: tuple[str, ...],
+                           properties: dict[str, dict[str, Any]]) -> tuple[str, Any]:
     kind = format_of(request, extra)
     if kind == MULTIPART:
         form = await read_form(request)

@@ -5,6 +5,8 @@ Contract of :func:`read_json_body`, checked in this order, before any work is do
 * the Content-Type is ``application/json`` or ``application/*+json`` (or absent) -> else 415;
 * the body is at most ``server.max_body_bytes`` (Content-Length up front, then counted while it
   streams, so a chunked or lying body is cut off too) -> else 413;
+* it fits beside the other bodies being read (``server.max_pending_body_bytes``, when the route
+  reads it under a lease: :mod:`.body_budget`) -> else 503;
 * the whole body arrives within ``server.body_timeout_s`` -> else 408;
 * it is UTF-8 JSON without NaN/Infinity and without integer literals over Python's digit
   limit, nested at most ``server.max_json_depth`` deep -> else 400;
@@ -33,6 +35,7 @@ from sglang_omni.errors import (
     RequestTooSlow,
     UnsupportedMediaType,
 )
+from sglang_omni.serve.body_budget import BodyLease
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
@@ -62,11 +65,17 @@ def check_content_type(request: Request) -> None:
 
 
 async def read_body(request: Request, settings: ServerSettings) -> bytes:
-    """The raw body; 413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``."""
+    """The raw body; 413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``, 503 when
+    it does not fit the request's body lease (``request.state.body_lease``, when it has one:
+    :mod:`.body_budget`)."""
     limit = settings.max_body_bytes
+    lease: BodyLease | None = getattr(request.state, "body_lease", None)
     declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+    if declared is not None and declared.strip().isdigit():
+        if int(declared) > limit:
+            raise _too_large(limit)
+        if lease is not None:
+            lease.cover(int(declared))
     chunks: list[bytes] = []
     size = 0
     try:
@@ -75,6 +84,8 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
                 size += len(chunk)
                 if size > limit:
                     raise _too_large(limit)
+                if lease is not None:
+                    lease.cover(size)
                 chunks.append(chunk)
     except TimeoutError:
         raise RequestTooSlow(
