@@ -27,7 +27,9 @@ first replica it reaches; the gateway is what can look at the answer first:
 
 The body is read here once (bounded by ``server.max_body_bytes``: a larger one is cut at one byte
 over, which the replica refuses with 413, and the header check is the replica's; a body slower
-than ``server.body_timeout_s`` is answered 408 here).
+than ``server.body_timeout_s`` is answered 408 here) and held until the relay ends, under a lease
+on the gateway's ``server.max_pending_body_bytes`` (:mod:`~sglang_omni.serve.body_budget`): a
+body that does not fit beside those the gateway holds is answered 503 here.
 
 A WebSocket session is relayed to one replica for its whole life: the router picks it, the
 replica runs the app's WebSocket route (:meth:`~sglang_omni.scale.replica.OmniReplica.websocket`),
@@ -56,7 +58,13 @@ from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.errors import OmniError, RequestTooSlow, ServerError, StageDied
+from sglang_omni.errors import (
+    OmniError,
+    RequestTooSlow,
+    ServerError,
+    ServiceUnavailable,
+    StageDied,
+)
 from sglang_omni.scale.asgi_call import (
     GRACE_S,
     STREAM_END,
@@ -70,6 +78,7 @@ from sglang_omni.scale.asgi_call import (
 from sglang_omni.scale.fleet_metrics import merge
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
 from sglang_omni.serve.app import error_response
+from sglang_omni.serve.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
@@ -158,6 +167,7 @@ class OmniGateway:
         self.replica_count = replica_count
         self.waiting_room = WaitingRoom(max_waiting)
         self.rid_pins = RidPins()
+        self.body_budget = BodyBudget(server.max_pending_body_bytes)
 
     def __serve_build_asgi_app__(self) -> Any:
         return _Asgi(self)
@@ -169,13 +179,19 @@ class OmniGateway:
         if scope["type"] == "websocket":
             await self._websocket(scope, receive, send)
             return
-        try:
-            body = await self._read_body(scope, receive)
-        except RequestTooSlow as exc:
-            await error_response(exc, self.server.retry_after_s)(scope, receive, send)
-            return
-        if body is None:
-            return  # the client left before its body arrived
+        with self.body_budget.lease() as lease:  # held until the relay ends (retries resend)
+            try:
+                body = await self._read_body(scope, receive, lease)
+            except (RequestTooSlow, ServiceUnavailable) as exc:
+                await error_response(exc, self.server.retry_after_s)(scope, receive, send)
+                return
+            if body is None:
+                return  # the client left before its body arrived
+            await self._answer(scope, receive, send, body)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        """Relay the request (its body read) to a replica, or to every replica for the fleet
+        routes; a client that disconnects cancels the relay."""
         arrived_at = time.time() if (scope["method"] == "POST"
                                      and PLANNED.match(scope["path"])) else None
         rid = None
@@ -252,12 +268,16 @@ class OmniGateway:
             if not held:
                 return False
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The body, at most ``max_body_bytes + 1`` bytes; None if the client left."""
+    async def _read_body(self, scope: Scope, receive: Receive, lease: BodyLease
+                         ) -> bytes | None:
+        """The body, at most ``max_body_bytes + 1`` bytes, covered by ``lease`` (503 when it
+        does not fit beside the bodies this gateway holds); None if the client left."""
         limit = self.server.max_body_bytes
         declared = dict(scope.get("headers", [])).get(b"content-length", b"").strip()
         if declared.isdigit() and int(declared) > limit:
             return b""  # the replica refuses it from the header (413)
+        if declared.isdigit():
+            lease.cover(int(declared))
         chunks: list[bytes] = []
         size = 0
         try:
@@ -269,6 +289,7 @@ class OmniGateway:
                     chunk = message.get("body", b"")
                     chunks.append(chunk)
                     size += len(chunk)
+                    lease.cover(min(size, limit + 1))
                     if size > limit or not message.get("more_body", False):
                         return b"".join(chunks)
         except TimeoutError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from sglang_omni.config.server import MiB
 from sglang_omni.errors import ServiceUnavailable
 
 
@@ -51,10 +50,9 @@ class BodyLease:
         others = budget.held - self.held
         if others > 0 and budget.held + more > budget.capacity:
             raise ServiceUnavailable(
-                f"the server is reading {others / MiB:.1f} MiB of other request bodies and this "
-                f"one ({size / MiB:.1f} MiB so far) does not fit beside them "
-                f"(server.max_pending_body_bytes = {budget.capacity / MiB:g} MiB); retry "
-                "shortly, or raise the limit")
+                f"the server is reading {others} bytes of other request bodies and this one "
+                f"({size} bytes) does not fit beside them within server.max_pending_body_bytes "
+                f"({budget.capacity}); retry shortly, or raise the limit")
         budget.held += more
         self.held = size
 

@@ -20,8 +20,10 @@ pytest.importorskip("ray")
 from tests.kit import parse_sse, script  # noqa: E402
 from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy  # noqa: E402
 from tests.server import SCRIPTED_UMM, Server  # noqa: E402
+from tests.wire.kit import refused_beside_upload, refused_prompt, status_within  # noqa: E402
 
-COMMON = ("--generation.factory.step_time_s", "0.02", "--server.max_body_bytes", "65536")
+COMMON = ("--generation.factory.step_time_s", "0.02", "--server.max_body_bytes", "65536",
+          "--server.max_pending_body_bytes", "100000")
 GEN = {"generation": {"width": 32, "height": 32, "seed": 7, "num_frames": 3}}
 TWO_MEDIA = script({"action": "image", "prompt": "a red cube"},
                    {"action": "video", "prompt": "a blue cube"},
@@ -186,3 +188,18 @@ def test_stats_are_json(fleet: Fleet) -> None:
     """The routing stats cross Ray as plain data (the routers and `sgl-omni replicas`)."""
     for s in fleet.stats():
         assert json.loads(json.dumps(s)) == s
+
+
+def test_a_body_that_does_not_fit_beside_those_held_is_refused_as_on_one_server(
+        fleet: Fleet, single: Server) -> None:
+    answers = []
+    for base in (fleet.url, single.url):
+        # an upload declared and partly sent: the gateway holds its share
+        held, resp = refused_beside_upload(base, 60_000, refused_prompt(50_000))
+        try:
+            answers.append((answer(resp), resp.headers.get("retry-after")))
+        finally:
+            held.close()
+        assert status_within(base, refused_prompt(50_000), 400).status_code == 400
+    assert answers[0] == answers[1]
+    assert answers[0][0][0] == 503 and "server.max_pending_body_bytes" in str(answers[0])

@@ -4,17 +4,14 @@ parsed at once are bounded together; one that does not fit beside the others is 
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.serve.body_budget import BodyBudget
 from tests.server import SCRIPTED_UMM, Server
-from tests.wire.kit import connect, error_of, post_raw
+from tests.wire.kit import error_of, post_raw, refused_beside_upload, refused_prompt, status_within
 
 BUDGET = 1_000_000
 FLAGS = ["--server.max_body_bytes", "1048576", "--server.max_pending_body_bytes", str(BUDGET),
@@ -50,40 +47,14 @@ def budgeted() -> Iterator[Server]:
         yield server
 
 
-def refused_prompt(size: int) -> bytes:
-    """A body of ``size`` bytes the route refuses with 400 once parsed (prompt not a string)."""
-    head, tail = b'{"prompt": 1', b"}"
-    return head + b" " * (size - len(head) - len(tail)) + tail
-
-
-def hold_upload(url: str, size: int) -> socket.socket:
-    """A client that declared a ``size``-byte body and sent only its first bytes."""
-    sock = connect(url)
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(size).encode() + b"\r\n\r\n" + b'{"prompt": ')
-    return sock
-
-
-def status_within(url: str, body: bytes, want: int, limit_s: float = 10.0) -> httpx.Response:
-    """POST ``body`` until it is answered ``want`` (the server takes the held upload's lease
-    when it starts reading that body); the last answer."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        resp = post_raw(f"{url}/generate", body)
-        if resp.status_code == want or time.monotonic() > deadline:
-            return resp
-        time.sleep(0.1)
-
-
 def test_a_body_that_does_not_fit_beside_others_waits_for_them(budgeted: Server) -> None:
     url = budgeted.url
-    held = hold_upload(url, 800_000)
+    held, resp = refused_beside_upload(url, 800_000, refused_prompt(500_000))
     try:
-        resp = status_within(url, refused_prompt(500_000), 503)
         assert resp.status_code == 503
         error = error_of(resp)
         assert "server.max_pending_body_bytes" in error["message"]
-        assert "0.8 MiB of other request bodies" in error["message"]
+        assert "800000 bytes of other request bodies" in error["message"]
         assert int(resp.headers["retry-after"]) > 0
         small = post_raw(f"{url}/generate", refused_prompt(1_000))  # fits beside the held one
         assert small.status_code == 400, small.text
