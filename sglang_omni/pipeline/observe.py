@@ -8,8 +8,9 @@ from typing import Protocol
 
 #: Admission refusal reasons: over ``max_active``, refused by the deadline plan, failed fast by
 #: the plan (cannot finish before its deadline), a stage not running, text-only chat over the
-#: native admission sum.
-REFUSAL_REASONS = ("max_active", "plan", "deadline", "stage_down", "chat_queue")
+#: native admission sum, a request body that does not fit the server's body budget (counted by
+#: the HTTP layer).
+REFUSAL_REASONS = ("max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget")
 
 
 class PipelineObserver(Protocol):

@@ -117,6 +117,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     server_metrics = ServerMetrics(orchestrator)
     orchestrator.observer = server_metrics
     app.state.metrics = server_metrics
+    server_metrics.watch_body_budget(app.state.body_budget)
     app.add_middleware(RequestRecorder, sink=server_metrics)  # outermost: every request
     registry = server_metrics.registry
 

@@ -16,17 +16,20 @@ ends when the body is parsed, refused, or abandoned by its client. Use from the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
 from sglang_omni.errors import ServiceUnavailable
 
 
 class BodyBudget:
-    """``capacity`` bytes of request bodies being read at once; ``held`` is what leases hold."""
+    """``capacity`` bytes of request bodies being read at once; ``held`` is what leases hold;
+    ``on_refused`` (when set) is called for each body refused."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.held = 0
+        self.on_refused: Callable[[], None] | None = None
 
     def lease(self) -> BodyLease:
         return BodyLease(self)
@@ -49,6 +52,8 @@ class BodyLease:
         budget = self.budget
         others = budget.held - self.held
         if others > 0 and budget.held + more > budget.capacity:
+            if budget.on_refused is not None:
+                budget.on_refused()
             raise ServiceUnavailable(
                 f"the server is reading {others} bytes of other request bodies and this one "
                 f"({size} bytes) does not fit beside them within server.max_pending_body_bytes "

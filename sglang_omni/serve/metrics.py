@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sglang_omni.media.stats import MEDIA_STATS, add_snapshots
 from sglang_omni.pipeline.observe import REFUSAL_REASONS
+from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.request_log import RequestRecord
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class ServerMetrics:
                                 "reason", ["reason"], registry=r)
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason)
+        self.pending_body = Gauge("sgl_omni_pending_body_bytes", "request-body bytes being "
+                                  "read and parsed, all requests together", registry=r)
         self.stage_jobs = Histogram("sgl_omni_stage_job_seconds", "stage jobs from submission "
                                     "to their end, by stage and outcome", ["stage", "outcome"],
                                     buckets=LATENCY_BUCKETS, registry=r)
@@ -96,6 +99,11 @@ class ServerMetrics:
 
     def refused(self, reason: str) -> None:
         self.refusals.labels(reason).inc()
+
+    def watch_body_budget(self, budget: BodyBudget) -> None:
+        """Expose ``budget``'s held bytes and count its refusals (reason ``body_budget``)."""
+        self.pending_body.set_function(lambda: budget.held)
+        budget.on_refused = lambda: self.refused("body_budget")
 
 
 class _LiveCollector:

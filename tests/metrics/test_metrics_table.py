@@ -176,8 +176,14 @@ def _refusals(s: dict[str, Scrape]) -> None:
     after = s["after"]
     assert after.value("sgl_omni_admission_refusals_total", reason="max_active") == 1
     assert after.labels("sgl_omni_admission_refusals_total", "reason") == {
-        "max_active", "plan", "deadline", "stage_down", "chat_queue"}
+        "max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget"}
     assert s["chat"].value("sgl_omni_admission_refusals_total", reason="chat_queue") == 1
+
+
+def _pending_body(s: dict[str, Scrape]) -> None:
+    # bodies are held only while read and parsed (tests/wire/test_body_budget.py holds one)
+    assert s["during"].value("sgl_omni_pending_body_bytes") >= 0
+    assert s["after"].value("sgl_omni_pending_body_bytes") == 0
 
 
 def _retained(s: dict[str, Scrape]) -> None:
@@ -238,6 +244,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_planner_longest_seconds": _longest,
     "sgl_omni_planner_shortest_seconds": _shortest,
     "sgl_omni_admission_refusals_total": _refusals,
+    "sgl_omni_pending_body_bytes": _pending_body,
     "sgl_omni_retained_bytes": _retained,
     "sgl_omni_media_fetches_total": _fetches,
     "sgl_omni_media_fetched_bytes_total": _fetched_bytes,

@@ -10,6 +10,7 @@ import pytest
 
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.serve.body_budget import BodyBudget
+from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_UMM, Server
 from tests.wire.kit import error_of, post_raw, refused_beside_upload, refused_prompt, status_within
 
@@ -58,9 +59,13 @@ def test_a_body_that_does_not_fit_beside_others_waits_for_them(budgeted: Server)
         assert int(resp.headers["retry-after"]) > 0
         small = post_raw(f"{url}/generate", refused_prompt(1_000))  # fits beside the held one
         assert small.status_code == 400, small.text
+        held_now = Scrape(budgeted)
+        assert held_now.value("sgl_omni_pending_body_bytes") == 800_000
+        assert held_now.value("sgl_omni_admission_refusals_total", reason="body_budget") >= 1
     finally:
         held.close()  # its client leaves mid-body
     # Its share is given back: the body that was refused fits now, and so does one alone that
     # is larger than the budget (max_body_bytes allows it).
     assert status_within(url, refused_prompt(500_000), 400).status_code == 400
     assert post_raw(f"{url}/generate", refused_prompt(1_040_000)).status_code == 400
+    assert Scrape(budgeted).value("sgl_omni_pending_body_bytes") == 0
