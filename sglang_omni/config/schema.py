@@ -65,6 +65,12 @@ PROCESS_FACTORY: dict[str, FactoryField] = {
         (int, float), 30.0, "a stage that answers no heartbeat for this long is stalled: its "
         "requests fail and it is killed and restarted", minimum=0.01
     ),
+    "progress_timeout_s": FactoryField(
+        (int, float), 0.0, "a stage holding a job that reports no progress on any (no token, "
+        "result or error) for this long is hung: its requests fail and it is killed and "
+        "restarted (0: never; a non-streamed Reasoner turn reports nothing until it ends, and "
+        "native SGLang's own watchdog guards the native Reasoner)", minimum=0
+    ),
 }
 
 

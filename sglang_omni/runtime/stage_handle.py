@@ -43,6 +43,9 @@ ABORT_WAIT_S = 10.0
 
 ChunkCallback = Callable[[dict[str, Any]], None]
 
+#: The stage's messages about a job: each is a sign the stage makes progress.
+JOB_OPS = frozenset({"chunk", "result", "error", "aborted"})
+
 
 class StageStartupError(Exception):
     """A stage did not become ready; the message says why and what to change."""
@@ -107,6 +110,12 @@ class StageHandle:
         self.stalled = False
         #: monotonic time of the last message from the current process (heartbeat answers too).
         self.last_seen = time.monotonic()
+        #: Jobs (rid, token) sent to the current process that it has not ended yet (no result,
+        #: error or aborted message): an aborted job stays here until the stage says it ended.
+        self._open: set[tuple[str, int]] = set()
+        #: monotonic time of the last sign of progress on a job (a submit to an idle stage, a
+        #: chunk, result, error or aborted message): see ``silent_with_jobs_s``.
+        self._last_progress = time.monotonic()
         self._generation = 0
         self._pings = itertools.count(1)
         #: Called as ``listener(outcome, seconds)`` when a call ends (``completed``, ``failed``
@@ -175,6 +184,7 @@ class StageHandle:
         self.stalled = False
         self.exitcode = None
         self.fatal_message = None
+        self._open.clear()
         if self._media:
             self._media_before.append(self._media)
             self._media = {}
@@ -233,6 +243,9 @@ class StageHandle:
                 "send integers within 64 bits and strings of valid Unicode") from None
         pending = _Pending(token, asyncio.get_running_loop().create_future(), on_chunk)
         self._pending[rid] = pending
+        if not self._open:  # an idle stage's silence is not a hang
+            self._last_progress = time.monotonic()
+        self._open.add((rid, token))
         self.counters.submitted += 1
         sent = self._sender.submit(self._send_packed, packed, frames)
         sent.add_done_callback(lambda f: self._submit_sent(f, rid, pending))
@@ -322,6 +335,7 @@ class StageHandle:
             return
 
     def _fail_pending(self, rid: str, pending: _Pending, error: OmniError) -> None:
+        self._open.discard((rid, pending.token))  # never sent: the stage holds no such job
         if not pending.future.done():
             self.counters.failed += 1
             pending.future.set_exception(error)
@@ -347,6 +361,8 @@ class StageHandle:
                 if isinstance(media, dict):
                     self._media = media
                 continue
+            if header.get("op") in JOB_OPS:  # noted here: a busy server loop is no hang
+                self._last_progress = self.last_seen
             try:
                 self._loop.call_soon_threadsafe(self._on_message, header, frames, gen)
             except RuntimeError:
@@ -374,6 +390,9 @@ class StageHandle:
             return
         rid = header.get("rid")
         token = header.get("token")
+        if op in ("aborted", "result", "error") and isinstance(rid, str) \
+                and isinstance(token, int):
+            self._open.discard((rid, token))
         ended = self._aborting.pop((rid, token), None) if isinstance(rid, str) \
             and isinstance(token, int) and op in ("aborted", "result", "error") else None
         if ended is not None and not ended.done():
@@ -409,18 +428,43 @@ class StageHandle:
         except RuntimeError:
             return
 
+    def silent_with_jobs_s(self) -> float:
+        """Seconds the stage has held a job without a sign of progress on any (0 when it holds
+        none): how long an engine may have been hung (a GPU hang), while its reader thread
+        still answers heartbeats. An aborted job counts until the stage says it ended."""
+        if not self._open:
+            return 0.0
+        return max(0.0, time.monotonic() - self._last_progress)
+
     def stall(self, silent_s: float) -> None:
         """The stage stopped answering its heartbeat: fail its in-flight requests now, then
         kill its process group (the watcher then reports the exit)."""
+        self._kill_stuck(
+            f"has not answered its heartbeat for {silent_s:.1f} s",
+            lambda rid: f"the {self.name} stage stopped answering (no heartbeat for "
+                        f"{silent_s:.1f} s) while request {rid} was running; it is killed and "
+                        "restarted if its restart budget allows")
+
+    def hang(self, silent_s: float) -> None:
+        """The stage's engine made no progress on its jobs for ``silent_s`` (its
+        ``progress_timeout_s``): fail its in-flight requests now, then kill its process group,
+        as for a stage that stopped answering."""
+        self._kill_stuck(
+            f"has made no progress on its {len(self._open)} job(s) for {silent_s:.1f} s "
+            f"(stages.{self.name}.factory.progress_timeout_s; a hung engine or GPU)",
+            lambda rid: f"the {self.name} stage made no progress for {silent_s:.1f} s (its "
+                        f"engine is hung) while request {rid} was running; it is killed and "
+                        "restarted if its restart budget allows (raise "
+                        f"stages.{self.name}.factory.progress_timeout_s if its generations "
+                        "legitimately run longer without reporting a step)")
+
+    def _kill_stuck(self, what: str, message: Callable[[str], str]) -> None:
         if self.dead or self.stalled or self._process is None:
             return
         self.stalled = True
-        log.error("the %s stage has not answered its heartbeat for %.1f s; failing %d in-flight "
-                  "request(s) and killing it", self.name, silent_s, len(self._pending))
-        self._fail_all(lambda rid: (
-            f"the {self.name} stage stopped answering (no heartbeat for {silent_s:.1f} s) while "
-            f"request {rid} was running; it is killed and restarted if its restart budget "
-            "allows"))
+        log.error("the %s stage %s; failing %d in-flight request(s) and killing it", self.name,
+                  what, len(self._pending))
+        self._fail_all(message)
         if self._process.pid:
             kill_group(self._process.pid)
 

@@ -7,6 +7,9 @@ stage stays down and the server unhealthy. A stage whose engine stops the server
 (native SGLang) is never restarted. A heartbeat every ``heartbeat_interval_s`` checks that the
 stage answers; one silent for ``stall_timeout_s`` is reported ``stalled``, its in-flight
 requests fail, and its process group is killed, after which it restarts like a crashed stage.
+A stage whose reader thread still answers but whose engine made no progress on the jobs it holds
+(no step, token, result or error) for ``progress_timeout_s`` is hung (a GPU hang, a deadlocked
+engine) and is handled the same way (0: never).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class RestartPolicy:
     restart_backoff_s: float = 1.0
     heartbeat_interval_s: float = 1.0
     stall_timeout_s: float = 30.0
+    progress_timeout_s: float = 0.0
 
     @classmethod
     def from_factory(cls, factory: dict[str, Any]) -> RestartPolicy:
@@ -45,6 +49,8 @@ class RestartPolicy:
             heartbeat_interval_s=float(factory.get("heartbeat_interval_s",
                                                    d.heartbeat_interval_s)),
             stall_timeout_s=float(factory.get("stall_timeout_s", d.stall_timeout_s)),
+            progress_timeout_s=float(factory.get("progress_timeout_s",
+                                                 d.progress_timeout_s)),
         )
 
 
@@ -138,12 +144,19 @@ class StageSupervisor:
     async def _heartbeat(self) -> None:
         """Ping the stage; a stage whose oldest unanswered ping is older than the stall
         timeout is stalled (a server loop that was busy sends no ping, so it cannot mistake
-        its own delay for the stage's)."""
+        its own delay for the stage's); one silent on its jobs past the progress timeout is
+        hung (the stage's messages are timed by the handle's reader thread, so a busy server
+        loop cannot mistake its own delay for that either)."""
         handle = self.handle
         while True:
             await asyncio.sleep(self.policy.heartbeat_interval_s)
             if not handle.healthy:
                 self._unanswered_since = None
+                continue
+            limit = self.policy.progress_timeout_s
+            if limit > 0 and (quiet := handle.silent_with_jobs_s()) > limit:
+                self._unanswered_since = None
+                handle.hang(quiet)
                 continue
             now = time.monotonic()
             if self._unanswered_since is not None and handle.last_seen >= self._unanswered_since:
