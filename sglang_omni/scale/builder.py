@@ -65,6 +65,7 @@ def application(plan: ReplicaPlan, config: ResolvedConfig, options: ScaleOptions
             "request_routing_stats_period_s": options.stats_period_s,
             "request_routing_stats_timeout_s": STATS_TIMEOUT_S},
         health_check_period_s=options.health_check_period_s,
+        health_check_timeout_s=options.health_check_timeout_s,
         graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         max_constructor_retry_count=CONSTRUCTOR_RETRIES,
     )(OmniReplica).bind(plan)
@@ -88,7 +89,8 @@ def build(source: ServerSource, options: ScaleOptions) -> Application:
 
 OPTION_KEYS = {"replicas": int, "router": str, "retries": int, "gateways": int,
                "max_wait_s": float, "max_waiting": int,
-               "stats_period_s": float, "replica_cpus": float, "health_check_period_s": float}
+               "stats_period_s": float, "replica_cpus": float, "health_check_period_s": float,
+               "health_check_timeout_s": float}
 
 
 def app_builder(args: Mapping[str, Any]) -> Application:

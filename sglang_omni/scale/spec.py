@@ -79,7 +79,10 @@ class ScaleOptions:
     replica up to ``retries`` times (None: one less than the replicas, at most 3); with the
     ``deadline`` router a planned request no replica admits now waits at the gateway up to
     ``max_wait_s`` for one that will (0: refused at once), at most ``max_waiting`` requests at
-    once on each gateway (beyond them a request is refused at once when no replica admits it)."""
+    once on each gateway (beyond them a request is refused at once when no replica admits it).
+    Ray checks each replica every ``health_check_period_s``; one that raises (its server cannot
+    recover) or does not answer within ``health_check_timeout_s`` three times in a row (a frozen
+    process, a blocked event loop) is replaced."""
 
     replicas: int = 2
     router: str = "deadline"
@@ -90,6 +93,7 @@ class ScaleOptions:
     stats_period_s: float = 0.5
     replica_cpus: float = 1.0
     health_check_period_s: float = 2.0
+    health_check_timeout_s: float = 10.0
     app_name: str = "omni"
 
     def __post_init__(self) -> None:
@@ -107,6 +111,10 @@ class ScaleOptions:
                               f"{self.max_wait_s}")
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting: expected 0 or more, got {self.max_waiting}")
+        for name in ("health_check_period_s", "health_check_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name}: expected a positive number of seconds, got {value}")
         if not self.stats_period_s > 0:
             raise ConfigError(f"stats_period_s: expected a positive number, got "
                               f"{self.stats_period_s}")

@@ -91,13 +91,16 @@ class Fleet:
 def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "deadline",
            retries: int | None = None, config: Path | None = SCRIPTED,
            text_only: bool = False, max_wait_s: float = 30.0,
-           max_waiting: int = 256) -> Fleet:
+           max_waiting: int = 256, health_check_s: float | None = None) -> Fleet:
     """Deploy (replacing the previous application) and wait until every replica is healthy and
-    its stats reach the router (one stats period after they first answer)."""
+    its stats reach the router (one stats period after they first answer). ``health_check_s``:
+    Ray's health check period and timeout both (default: the builder's)."""
     with_delete()
     source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only)
+    checks = {} if health_check_s is None else {"health_check_period_s": health_check_s,
+                                                "health_check_timeout_s": health_check_s}
     options = ScaleOptions(replicas=replicas, router=router, retries=retries,
-                           max_wait_s=max_wait_s, max_waiting=max_waiting)
+                           max_wait_s=max_wait_s, max_waiting=max_waiting, **checks)
     serve.run(build(source, options), name=APP, route_prefix="/")
     fleet = Fleet(cluster.url, replicas)
     fleet.wait(lambda s: len(s) == replicas and all(r["health"] == "ok" for r in s),

@@ -1,0 +1,74 @@
+"""A frozen replica (its server process stopped: SIGSTOP, or an event loop that never yields)
+answers neither requests nor Ray's health check. Ray replaces it once three checks in a row time
+out: new requests go to the other replica from then on, the frozen one's in-flight request ends
+with the clear error of a replica that exited (after Ray's graceful-shutdown wait), its stage
+processes die with it, and the replacement serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+
+from sglang_omni.scale.gateway import REPLICA_DIED  # noqa: E402
+from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
+from tests.scale.test_fleet_faults import GEN, Call, gone, held, wait_in_flight  # noqa: E402
+
+CHECK_S = 1.0
+#: Three failed checks of CHECK_S timeout each, CHECK_S apart, and the controller's own pace.
+NOTICED_WITHIN_S = 6 * CHECK_S + 10
+#: Then Ray's graceful shutdown (the builder's 30 s) before the frozen process is killed.
+ENDS_WITHIN_S = NOTICED_WITHIN_S + 30 + 10
+
+
+def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) -> None:
+    fleet: Fleet = deploy(cluster, "--generation.factory.step_time_s", "0.01",
+                          router="round_robin", health_check_s=CHECK_S)
+    before = fleet.by_id()
+    first, second = sorted(before)  # round robin takes them in this order
+    victim = before[first]
+    mine = Call(fleet.url, held(60), stream=True)
+    wait_in_flight(fleet, [1, 0])
+    os.kill(victim["pid"], signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        # Ray stops routing to it once its health checks failed: requests then all succeed.
+        deadline = frozen + NOTICED_WITHIN_S
+        streak = 0
+        while streak < 4:
+            assert time.monotonic() < deadline, "requests still reach the frozen replica"
+            try:
+                ok = httpx.post(f"{fleet.url}/generate", json={"prompt": held(0),
+                                                               "stage_params": GEN}, timeout=2)
+                streak = streak + 1 if ok.status_code == 200 else 0
+            except httpx.TimeoutException:  # sent to the frozen replica
+                streak = 0
+        mine.join(ENDS_WITHIN_S)
+        assert not mine.is_alive(), "the frozen replica's request never ended"
+        assert mine.status == 200
+        events = mine.events()
+        assert events[-1] == ("message", "[DONE]") and events[-2][0] == "error", events
+        assert events[-2][1] == {"message": REPLICA_DIED, "type": "server_error", "code": 500}
+        # Ray kills the frozen process a little after it gave up on it; its stages die with it.
+        deadline = time.monotonic() + 60
+        while not gone(victim["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert gone(victim["pid"]), "the frozen replica process was never killed"
+        for stage in victim["stages"].values():
+            deadline = time.monotonic() + 10
+            while not gone(stage["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert gone(stage["pid"]), stage
+        after = fleet.wait(lambda stats: len(stats) == 2
+                           and first not in {s["replica"] for s in stats}
+                           and all(s["health"] == "ok" for s in stats) and stats,
+                           timeout=60, what="a replacement replica")
+        assert second in {s["replica"] for s in after}
+    finally:
+        if not gone(victim["pid"]):
+            os.kill(victim["pid"], signal.SIGCONT)
