@@ -26,8 +26,9 @@ class ServerSettings:
     api_key: str | None = None
     #: Largest request body in bytes (413 above it).
     max_body_bytes: int = 256 * MiB
-    #: Request-body bytes the server reads and parses at once, all requests together (503 for a
-    #: body that does not fit beside the others; one body always fits when it is alone).
+    #: Request-body bytes the server reads and parses at once, all requests together, WebSocket
+    #: messages buffered or waiting included (503 for a body that does not fit beside the
+    #: others, 1013 for a WebSocket; one body always fits when it is alone).
     max_pending_body_bytes: int = 1024 * MiB
     #: Deepest JSON nesting of a request body (400 above it).
     max_json_depth: int = 64

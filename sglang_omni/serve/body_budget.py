@@ -61,6 +61,15 @@ class BodyLease:
         budget.held += more
         self.held = size
 
+    def resize(self, size: int) -> None:
+        """Hold exactly ``size`` bytes: less gives the rest back at once, more is taken as
+        :meth:`cover` takes it (ServiceUnavailable when it does not fit)."""
+        if size >= self.held:
+            self.cover(size)
+            return
+        self.budget.held -= self.held - size
+        self.held = size
+
     def close(self) -> None:
         self.budget.held -= self.held
         self.held = 0

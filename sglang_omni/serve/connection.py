@@ -22,6 +22,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
+from sglang_omni.serve.body_budget import BodyBudget
+from sglang_omni.serve.ws_protocol import ws_protocol_for
 
 #: Largest request head (request line and headers) h11 buffers, in bytes (h11's default).
 MAX_HEADER_BYTES = 16 * 1024
@@ -114,9 +116,10 @@ def protocol_for(settings: ServerSettings) -> type[GuardedH11Protocol]:
     return type("ServerH11Protocol", (GuardedH11Protocol,), {"settings": settings})
 
 
-def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
-    """uvicorn.Config keywords for ``settings``: protocol, idle timeout, head size, and the
-    largest WebSocket message (``server.max_body_bytes``, as for a request body)."""
+def uvicorn_options(settings: ServerSettings, budget: BodyBudget) -> dict[str, Any]:
+    """uvicorn.Config keywords for ``settings``: protocol, idle timeout, head size, the largest
+    WebSocket message (``server.max_body_bytes``, as for a request body), and the WebSocket
+    protocol that counts the message bytes it buffers in ``budget`` (the app's body budget)."""
     return {"http": protocol_for(settings), "timeout_keep_alive": settings.idle_timeout_s,
             "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
-            "ws_max_size": settings.max_body_bytes}
+            "ws_max_size": settings.max_body_bytes, "ws": ws_protocol_for(budget)}

@@ -10,7 +10,9 @@ A failure, a refused request included, is answered as native answers it: a messa
 ``{"error": ...}`` (here the message text, with ``type`` and ``code``: never a traceback),
 then close code 1011. A client that leaves aborts the generation in flight. Messages are
 bounded and checked as HTTP bodies are (:mod:`.ws_messages`); every body passes the same
-checks as the HTTP route, media policy and generation limits included.
+checks as the HTTP route, media policy and generation limits included. The requests a session
+holds (the one being answered and those sent ahead) count in the server's body budget; one that
+does not fit is answered with the 503 error, then close 1011.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -26,6 +29,7 @@ from fastapi import APIRouter, WebSocket
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.serve.action_routes import action_answer, check_action, metadata_of
+from sglang_omni.serve.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.direct_context import DirectContext
 from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.msgpack_body import with_native_arrays
@@ -43,10 +47,30 @@ class _Left(Exception):
     """The client closed the connection."""
 
 
+class _Held:
+    """The messages a connection holds (the one being answered and those waiting in ``inbox``)
+    under a lease on the server's body budget: 503 when they do not fit beside the other
+    request bodies being read (``server.max_pending_body_bytes``)."""
+
+    def __init__(self, budget: BodyBudget | None) -> None:
+        self.inbox: deque[bytes] = deque()
+        self.current = 0
+        self.lease: BodyLease | None = budget.lease() if budget is not None else None
+
+    def account(self) -> None:
+        if self.lease is not None:
+            self.lease.resize(self.current + sum(len(m) for m in self.inbox))
+
+    def close(self) -> None:
+        self.inbox.clear()
+        if self.lease is not None:
+            self.lease.close()
+
+
 async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
-               inbox: asyncio.Queue[bytes]) -> StageResult:
+               held: _Held) -> StageResult:
     """One action generation, reading on meanwhile: a client that leaves aborts it; messages
-    that arrive meanwhile wait in ``inbox`` (at most :data:`MAX_WAITING`, then reading
+    that arrive meanwhile wait in ``held.inbox`` (at most :data:`MAX_WAITING`, then reading
     pauses)."""
     rid = ctx.new_rid()
     work = asyncio.ensure_future(ctx.stage().call(rid, {"modality": "action", "request": body}))
@@ -59,9 +83,10 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
                 message = listen.result()
                 if message is None:
                     raise _Left()
-                inbox.put_nowait(message)
+                held.inbox.append(message)
+                held.account()
                 listen = asyncio.ensure_future(receive(websocket)) \
-                    if inbox.qsize() < MAX_WAITING else None
+                    if len(held.inbox) < MAX_WAITING else None
             if work in done:
                 return work.result()
     finally:
@@ -73,14 +98,14 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
 
 
 async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
-                  inbox: asyncio.Queue[bytes], prev_total_s: float | None,
+                  held: _Held, prev_total_s: float | None,
                   started: float) -> dict[str, Any]:
     body = decode(websocket, message)
     if not isinstance(body, dict):
         raise BadRequest("each message is one action request: a msgpack map")
     body = check_action(ctx, body)
     infer_started = time.monotonic()
-    result = await _run(ctx, websocket, body, inbox)
+    result = await _run(ctx, websocket, body, held)
     answer = dict(with_native_arrays(action_answer(ctx, result, body)))
     timing = {"infer_ms": (time.monotonic() - infer_started) * 1000}
     if prev_total_s is not None:
@@ -93,18 +118,23 @@ async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> No
     """Run one realtime action connection (see the module docstring)."""
     await websocket.accept()
     ctx.sessions.enter()
+    budget = getattr(websocket.app.state, "body_budget", None)
+    held = _Held(budget if isinstance(budget, BodyBudget) else None)
     try:
         if not await send(websocket, metadata_of(ctx)):
             return
-        inbox: asyncio.Queue[bytes] = asyncio.Queue()
         prev_total_s: float | None = None
         while True:
             try:
-                message = inbox.get_nowait() if not inbox.empty() else await receive(websocket)
+                message = held.inbox.popleft() if held.inbox else await receive(websocket)
                 if message is None:
                     return
+                held.current = len(message)
+                held.account()
                 started = time.monotonic()
-                answer = await _answer(ctx, websocket, message, inbox, prev_total_s, started)
+                answer = await _answer(ctx, websocket, message, held, prev_total_s, started)
+                held.current = 0
+                held.account()
             except _Left:
                 log.info("realtime actions: the client left; its generation was aborted")
                 return
@@ -119,6 +149,7 @@ async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> No
                 return
             prev_total_s = time.monotonic() - started
     finally:
+        held.close()
         ctx.sessions.leave()
 
 

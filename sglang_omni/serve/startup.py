@@ -120,7 +120,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
-        access_log=not json_logs, **uvicorn_options(config.server)))
+        access_log=not json_logs,
+        **uvicorn_options(config.server, app.state.body_budget)))
     holder["server"] = server
     orchestrator = app.state.orchestrator
     orchestrator.on_fatal = lambda: setattr(server, "should_exit", True)

@@ -1,7 +1,8 @@
 """WebSocket messages of the realtime routes: binary msgpack frames, bounded like HTTP bodies.
 
 :func:`receive` returns the next binary message, or None once the client left. A message is
-at most ``server.max_body_bytes`` (uvicorn closes a larger one with 1009, ``ws_max_size``), and
+at most ``server.max_body_bytes`` (uvicorn closes a larger one with 1009, ``ws_max_size``), its
+bytes count in the server's body budget while uvicorn buffers it (:mod:`.ws_protocol`), and
 :func:`decode` checks it as an HTTP msgpack body is checked (depth, wire values, numpy maps;
 400 naming the path). :class:`Sessions` owns the running sessions, so server shutdown cancels
 them (each then aborts its generation) and waits for them to end.

@@ -42,6 +42,21 @@ def test_a_lease_holds_what_its_body_covers_and_gives_it_back() -> None:
     assert budget.held == 0
 
 
+def test_a_resized_lease_gives_back_at_once_and_grows_as_cover_does() -> None:
+    budget = BodyBudget(100)
+    with budget.lease() as first, budget.lease() as second:
+        first.resize(70)
+        second.resize(30)
+        with pytest.raises(ServiceUnavailable):
+            second.resize(31)  # does not fit beside the first
+        assert (budget.held, second.held) == (100, 30)
+        first.resize(10)  # a message taken by the app: its bytes go back
+        assert budget.held == 40
+        second.resize(90)
+        assert budget.held == 100
+    assert budget.held == 0
+
+
 @pytest.fixture(scope="module")
 def budgeted() -> Iterator[Server]:
     with Server(*SCRIPTED_UMM, *FLAGS) as server:

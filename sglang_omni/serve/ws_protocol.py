@@ -1,0 +1,100 @@
+"""The WebSocket protocol the server runs: uvicorn's (on the websockets library's sans-I/O
+core) with the bytes each connection buffers counted in the server's body budget.
+
+uvicorn holds a client's message in memory before the app sees it: the frame being received (up
+to ``server.max_body_bytes``) and one complete message waiting for the app (reading pauses until
+the app takes it). Many connections each sending messages of the largest size would otherwise
+take gigabytes outside ``server.max_pending_body_bytes``. Each connection here holds a
+:class:`~sglang_omni.serve.body_budget.BodyLease` covering those bytes, resized as data arrives
+and as the app takes messages, and given back when the connection ends. A connection whose
+buffered bytes do not fit beside the other bodies being read is closed with 1013 (try again
+later), a reason naming the limit, and its bytes are dropped; the app sees a disconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, ClassVar
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from sglang_omni.errors import ServiceUnavailable
+from sglang_omni.serve.body_budget import BodyBudget, BodyLease
+
+log = logging.getLogger("sglang_omni.serve")
+
+#: Close code "try again later" (RFC 6455 registry).
+WS_TRY_AGAIN_LATER = 1013
+OVER_BUDGET_REASON = "server busy reading other requests (max_pending_body_bytes); retry"
+
+
+class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, its buffered message bytes under :attr:`budget` (a class
+    attribute: :func:`ws_protocol_for` makes the class of a server)."""
+
+    budget: ClassVar[BodyBudget]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lease: BodyLease = self.budget.lease()
+        self._queued: deque[int] = deque()  # sizes of the messages waiting for the app
+
+    def buffered_bytes(self) -> int:
+        """The message bytes this connection holds that the app has not taken: unparsed input
+        (a frame being received), the fragments of a message, the messages queued."""
+        reader = getattr(self.conn, "reader", None)
+        unparsed = len(getattr(reader, "buffer", b""))
+        return unparsed + sum(len(f) for f in self.frames) + sum(self._queued)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._charge()
+
+    def send_receive_event_to_app(self) -> None:
+        size = sum(len(f) for f in self.frames)
+        before = self.queue.qsize()
+        super().send_receive_event_to_app()
+        if self.queue.qsize() > before:
+            self._queued.append(size)
+
+    async def receive(self) -> Any:
+        message = await super().receive()
+        if message.get("type") == "websocket.receive" and self._queued:
+            self._queued.popleft()
+        self._charge()
+        return message
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            self._queued.clear()
+            self.lease.close()
+
+    def _charge(self) -> None:
+        if self.disconnected or self.close_sent:
+            self.lease.close()
+            return
+        try:
+            self.lease.resize(self.buffered_bytes())
+        except ServiceUnavailable as exc:
+            self._refuse(exc)
+
+    def _refuse(self, exc: ServiceUnavailable) -> None:
+        """Close the connection (1013): its buffered bytes do not fit in the budget."""
+        log.warning("closing a WebSocket connection of %s: %s", self.scope.get("path", "?")
+                    if self.handshake_complete else "?", exc.message)
+        self.frames = []
+        self._queued.clear()
+        self.lease.close()
+        if not self.handshake_complete:
+            self.transport.close()
+            return
+        self.conn.send_close(WS_TRY_AGAIN_LATER, OVER_BUDGET_REASON)
+        self.handle_parser_exception()
+
+
+def ws_protocol_for(budget: BodyBudget) -> type[BudgetedWebSocketProtocol]:
+    """The protocol class for ``uvicorn.Config(ws=...)`` charging ``budget``."""
+    return type("ServerWebSocketProtocol", (BudgetedWebSocketProtocol,), {"budget": budget})
