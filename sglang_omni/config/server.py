@@ -32,6 +32,10 @@ class ServerSettings:
     max_pending_body_bytes: int = 1024 * MiB
     #: Deepest JSON nesting of a request body (400 above it).
     max_json_depth: int = 64
+    #: Most values (array items and object members, nested ones included) in one request body
+    #: or WebSocket message, JSON or msgpack (400 above it): parsed values take many times
+    #: their bytes.
+    max_json_values: int = 1_000_000
     #: Media references (images, videos, audios, image_path, video_path...) one request may carry.
     max_media_parts: int = 32
     #: Total media bytes one request may fetch or decode from data URLs, all parts together.
@@ -69,7 +73,7 @@ class ServerSettings:
 
 
 _MINIMUM: dict[str, float] = {
-    "max_body_bytes": 1, "max_pending_body_bytes": 1, "max_json_depth": 2,
+    "max_body_bytes": 1, "max_pending_body_bytes": 1, "max_json_depth": 2, "max_json_values": 1,
     "max_media_parts": 0, "max_media_bytes": 1,
     "media_fetch_timeout_s": 0.001, "media_fetch_deadline_s": 0.001,
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,

@@ -196,8 +196,9 @@ class OmniGateway:
                                      and PLANNED.match(scope["path"])) else None
         rid = None
         if arrived_at is not None:
-            rid = await asyncio.to_thread(client_rid, body) if needs_thread(body) \
-                else client_rid(body)
+            limit = self.server.max_json_values
+            rid = await asyncio.to_thread(client_rid, body, limit) if needs_thread(body) \
+                else client_rid(body, limit)
         request = forwarded(scope, body)
         if is_fleet_listing(scope):
             answer = self._list_everywhere(scope, request, send)

@@ -20,16 +20,20 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.runtime.request_ids import CAPACITY, MAX_ID_CHARS, WINDOW_S
+from sglang_omni.serve.request_body import json_values_bound
 
 #: Bodies larger than this are parsed off the event loop (see :func:`needs_thread`).
 INLINE_PARSE_BYTES = 1 << 20
 
 
-def client_rid(body: bytes) -> str | None:
+def client_rid(body: bytes, max_values: int = ServerSettings.max_json_values) -> str | None:
     """The ``rid`` string at the top of a JSON request body, or None (no rid, not JSON, not an
-    object, a rid the replica will refuse anyway). Blocking: large bodies belong in a thread."""
-    if b'"rid"' not in body:
+    object, a rid the replica will refuse anyway, or a body the replica refuses for holding
+    more than ``max_values`` values: never parsed here). Blocking: large bodies belong in a
+    thread."""
+    if b'"rid"' not in body or json_values_bound(body) > max_values:
         return None
     try:
         value = json.loads(body)

@@ -2,8 +2,9 @@
 
 Reading (:func:`read_msgpack_body` for a request, :func:`decode_msgpack` for a WebSocket
 message) has the JSON body's contract (:mod:`.request_body`): 413/408 from the one body reader,
-then a value nested at most ``server.max_json_depth`` deep whose every value the stage IPC can
-carry (400 naming the path). Native's numpy arrays (a map ``{"__ndarray__": true, "data": bytes,
+then a value of at most ``server.max_json_values`` values (counted as it is built), nested at
+most ``server.max_json_depth`` deep, whose every value the stage IPC can carry (400 naming the
+path). Native's numpy arrays (a map ``{"__ndarray__": true, "data": bytes,
 "dtype", "shape"}``, keys as text or bytes) become ``{"values", "dtype", "shape"}`` (the native
 action route's tensor payload), checked first: a known numeric dtype, a shape whose size matches
 the bytes. Other binary values are refused, except where the caller allows them by path.
@@ -23,6 +24,7 @@ import msgpack
 import numpy as np
 from starlette.requests import Request
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
 from sglang_omni.serve.request_body import (
     THREAD_PARSE_BYTES,
@@ -30,6 +32,7 @@ from sglang_omni.serve.request_body import (
     join_path,
     read_body,
     settings_of,
+    too_many_values,
 )
 
 MSGPACK = "application/msgpack"
@@ -90,12 +93,42 @@ def from_native(value: Any, binary_ok: Collection[str] = (), where: str = "") ->
     return value
 
 
-def decode_msgpack(raw: bytes, max_depth: int, binary_ok: Collection[str] = ()) -> Any:
-    """Decode and check one msgpack value (see the module contract)."""
+class _ValueCount:
+    """Counts the values of a msgpack body as its arrays and maps are built (the unpacker's
+    hooks); BadRequest past ``limit``, so a body of millions of tiny maps stops early."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 1
+
+    def _add(self, n: int) -> None:
+        self.count += n
+        if self.count > self.limit:
+            raise too_many_values(self.limit)
+
+    def array(self, items: list[Any]) -> list[Any]:
+        self._add(len(items))
+        return items
+
+    def map(self, pairs: dict[Any, Any]) -> dict[Any, Any]:
+        self._add(len(pairs))
+        return pairs
+
+
+def decode_msgpack(raw: bytes, max_depth: int, binary_ok: Collection[str] = (),
+                   max_values: int = ServerSettings.max_json_values) -> Any:
+    """Decode and check one msgpack value (see the module contract): at most ``max_values``
+    values (an array or map longer than that is refused before it is built)."""
+    count = _ValueCount(max_values)
     try:
-        value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError) as exc:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=False, list_hook=count.array,
+                                object_hook=count.map, max_array_len=max_values,
+                                max_map_len=max_values)
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):  # one array or map longer than the limit
+            raise too_many_values(max_values) from None
+        raise BadRequest(f"the body is not valid msgpack: {exc}") from None
+    except (TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise BadRequest(f"the body is not valid msgpack: {exc}") from None
     except RecursionError:
         raise BadRequest("the msgpack body is nested too deeply") from None
@@ -109,8 +142,9 @@ async def read_msgpack_body(request: Request) -> Any:
     settings = settings_of(request)
     raw = await read_body(request, settings)
     if len(raw) > THREAD_PARSE_BYTES:
-        return await asyncio.to_thread(decode_msgpack, raw, settings.max_json_depth)
-    return decode_msgpack(raw, settings.max_json_depth)
+        return await asyncio.to_thread(decode_msgpack, raw, settings.max_json_depth, (),
+                                       settings.max_json_values)
+    return decode_msgpack(raw, settings.max_json_depth, (), settings.max_json_values)
 
 
 def wants_msgpack(request: Request) -> bool:

@@ -57,7 +57,7 @@ def decode(websocket: WebSocket, data: bytes, binary_ok: Collection[str] = ()) -
     if len(data) > settings.max_body_bytes:
         raise BadRequest(f"the message is larger than {settings.max_body_bytes} bytes "
                          "(server.max_body_bytes)")
-    return decode_msgpack(data, settings.max_json_depth, binary_ok)
+    return decode_msgpack(data, settings.max_json_depth, binary_ok, settings.max_json_values)
 
 
 async def send(websocket: WebSocket, value: Any) -> bool:

@@ -24,6 +24,9 @@ def test_client_rid_reads_a_top_level_string_only() -> None:
                  b'{"rid": "a", "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
         assert client_rid(body) is None, body[:40]
     assert client_rid(b'{"rid": "\\ud800"}') == "\ud800"  # the replica decides
+    many = b'{"rid": "a-1", "x": [' + b",".join([b"{}"] * 100) + b"]}"
+    assert client_rid(many) == "a-1"
+    assert client_rid(many, max_values=100) is None  # refused by the replica; never parsed
 
 
 def test_only_large_bodies_with_a_rid_are_parsed_off_the_loop() -> None:

@@ -9,6 +9,7 @@ import pytest
 from tests.server import SCRIPTED_UMM, Server
 
 LIMITS = ["--server.max_body_bytes", "1048576", "--server.max_json_depth", "64",
+          "--server.max_json_values", "200000",
           "--server.header_timeout_s", "1", "--server.body_timeout_s", "1",
           "--server.idle_timeout_s", "1"]
 

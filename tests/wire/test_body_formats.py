@@ -4,10 +4,13 @@ route's model validates them. Over HTTP: tests/generation/test_native_media_rout
 from __future__ import annotations
 
 import base64
+import json
 
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
 from sglang_omni.serve.body_formats import accepts, data_url, form_value, formats_of
@@ -25,6 +28,7 @@ from sglang_omni.serve.multipart_body import (
     parse_form,
     parse_urlencoded,
 )
+from sglang_omni.serve.request_body import json_values_bound
 from sglang_omni.serve.schemas.direct import ImageEditRequest, VideoGenerationRequest
 
 B = b"XyZ"
@@ -177,6 +181,33 @@ def test_msgpack_depth_and_syntax() -> None:
         decode_msgpack(b"\xc1", 64)
     assert decode_msgpack(msgpack.packb({"f": b"\x89PNG"}), 64, binary_ok={"f"}) == \
         {"f": b"\x89PNG"}
+
+
+def test_msgpack_values_are_counted_as_they_are_built() -> None:
+    nested = {"a": [[0] * 6, [0] * 6]}  # 1 member, 2 items, 12 items: 15 values and the top
+    assert decode_msgpack(msgpack.packb(nested), 64, (), 16) == nested
+    with pytest.raises(BadRequest, match=r"server.max_json_values \(15\)"):
+        decode_msgpack(msgpack.packb(nested), 64, (), 15)
+    with pytest.raises(BadRequest, match=r"server.max_json_values \(1000\)"):  # one long map
+        decode_msgpack(msgpack.packb({str(i): 0 for i in range(1001)}), 64, (), 1000)
+    with pytest.raises(BadRequest, match="max_json_values"):  # millions of tiny maps, at once
+        decode_msgpack(msgpack.packb([[{}] * 500_000] * 8), 64, (), 1_000_000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+                    max_leaves=30))
+def test_the_json_bound_counts_every_value(value: object) -> None:
+    def count(v: object) -> int:
+        if isinstance(v, list):
+            return 1 + sum(count(x) for x in v)
+        if isinstance(v, dict):
+            return 1 + sum(count(x) for x in v.values())
+        return 1
+
+    raw = json.dumps(value).encode()
+    assert json_values_bound(raw) >= count(value)
 
 
 def test_answers_carry_native_float32_arrays() -> None:

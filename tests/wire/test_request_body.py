@@ -56,6 +56,23 @@ def test_deep_nesting_is_400(limited: Server, levels: int) -> None:
     assert "max_json_depth" in error_of(resp)["message"]
 
 
+@pytest.mark.parametrize("item", [b"{}", b"[]", b"0", b'""'])
+def test_bodies_of_many_values_are_400_before_they_are_parsed(limited: Server,
+                                                              item: bytes) -> None:
+    """Parsed values take many times their bytes (an empty object 64 bytes for 3): a body of
+    250,000 of them is refused from its commas and brackets, before it is parsed."""
+    items = b",".join([item] * 250_000)
+    body = b'{"prompt": "hi", "stage_params": {"reasoner": {"x": [' + items + b"]}}}"
+    assert len(body) < MiB
+    resp = post_raw(f"{limited.url}/generate", body)
+    assert resp.status_code == 400
+    message = error_of(resp)["message"]
+    assert "server.max_json_values (200000)" in message, message
+    fewer = b",".join([item] * 1000)
+    resp = post_raw(f"{limited.url}/generate", b'{"prompt": 1, "x": [' + fewer + b"]}")
+    assert resp.status_code == 400 and "max_json_values" not in error_of(resp)["message"]
+
+
 @pytest.mark.parametrize("body, says", [
     (b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}", "5000 digits"),
     (b'{"prompt": "hi", "temperature": NaN}', "NaN"),
