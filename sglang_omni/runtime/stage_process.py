@@ -11,7 +11,11 @@ then exits with code 3). A message is packed by the code that sends it, so a res
 the wire cannot carry fails that request (``error``) instead of vanishing.
 
 The stage leads its own process group, so the server can take down the stage and every child it
-started with one signal, and it dies with the server (PR_SET_PDEATHSIG).
+started with one signal, and it dies with the server (PR_SET_PDEATHSIG). Once the server's
+heartbeats have begun, a stage that hears none for :data:`SERVER_SILENCE_FACTOR` times its
+``stall_timeout_s`` (at least :data:`MIN_SERVER_SILENCE_S`) takes its group down too: its
+server is frozen (a stopped process, a Ray replica given up on), and the stage's GPUs must not
+stay held by a server that never comes back.
 """
 
 from __future__ import annotations
@@ -34,12 +38,17 @@ from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, pack_header
 from sglang_omni.runtime.log_format import configure_logging
-from sglang_omni.runtime.proc import die_with_parent, start_idle_child
+from sglang_omni.runtime.proc import die_with_parent, kill_group, start_idle_child
 
 log = logging.getLogger("sglang_omni.stage")
 
 
 FATAL_EXIT_CODE = 3
+#: A stage whose server sent no heartbeat for this many times the stage's ``stall_timeout_s``
+#: (the time after which the server gives up on a silent stage) exits with its children.
+SERVER_SILENCE_FACTOR = 2.0
+#: ... and never sooner than this (a server loop held up a few seconds is not frozen).
+MIN_SERVER_SILENCE_S = 10.0
 
 
 def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str,
@@ -68,6 +77,8 @@ class _StageServer:
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="stage-send")
         self.jobs: dict[str, tuple[Job, asyncio.Task, int]] = {}
         self.children: list[Any] = []
+        #: monotonic time of the server's last heartbeat (None before the first).
+        self.last_ping: float | None = None
 
     def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
         """Queue a message to the server; ordered, safe from any thread. Packs here, so
@@ -111,6 +122,10 @@ class _StageServer:
         # Installed after start: a native engine may install its own handlers while starting.
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
+        stall_s = float(self.spec.factory.get("stall_timeout_s", 30.0) or 30.0)
+        silence_s = max(MIN_SERVER_SILENCE_S, SERVER_SILENCE_FACTOR * stall_s)
+        threading.Thread(target=self._watch_server, args=(silence_s,), daemon=True,
+                         name="server-watch").start()
         self._send_now({"op": "ready", "pid": os.getpid(), "stops_server_on_exit": bool(
             getattr(self.engine, "stops_server_on_exit", False))}, None)
         log.info("ready (backend %s)", self.spec.backend)
@@ -166,10 +181,24 @@ class _StageServer:
                 log.exception("undecodable message from the server")
                 continue
             if header.get("op") == "ping":  # answered here: the event loop may be busy
+                self.last_ping = time.monotonic()
                 self._send_now({"op": "pong", "seq": header.get("seq"),
                                 "media": MEDIA_STATS.snapshot()}, None)
                 continue
             loop.call_soon_threadsafe(self._handle, header, frames)
+
+    def _watch_server(self, limit_s: float) -> None:
+        """Take the stage's process group down once the server, having begun its heartbeats,
+        sent none for ``limit_s`` (a thread: the event loop may be busy)."""
+        while True:
+            time.sleep(min(1.0, limit_s / 4))
+            last = self.last_ping
+            if last is not None and time.monotonic() - last > limit_s:
+                log.error("the server sent no heartbeat for %.0f s (it is frozen or gone); "
+                          "exiting with this stage's children so their GPUs are freed",
+                          time.monotonic() - last)
+                kill_group(os.getpgid(0))
+                return
 
     def _handle(self, header: dict[str, Any], frames: Frames) -> None:
         op = header.get("op")

@@ -2,7 +2,7 @@
 answers neither requests nor Ray's health check. Ray replaces it once three checks in a row time
 out: new requests go to the other replica from then on, the frozen one's in-flight request ends
 with the clear error of a replica that exited (after Ray's graceful-shutdown wait), its stage
-processes die with it, and the replacement serves."""
+processes, hearing no heartbeat from it, exit with their children, and the replacement serves."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from tests.scale.test_fleet_faults import GEN, Call, gone, held, wait_in_flight 
 CHECK_S = 1.0
 #: Three failed checks of CHECK_S timeout each, CHECK_S apart, and the controller's own pace.
 NOTICED_WITHIN_S = 6 * CHECK_S + 10
-#: Then Ray's graceful shutdown (the builder's 30 s) before the frozen process is killed.
+#: Then Ray's graceful shutdown (the builder's 30 s) before it gives up on the frozen process.
 ENDS_WITHIN_S = NOTICED_WITHIN_S + 30 + 10
+#: A stage whose server sent no heartbeat for 10 s (stage_process.MIN_SERVER_SILENCE_S) exits.
+STAGES_EXIT_WITHIN_S = 10 + 15
 
 
 def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) -> None:
@@ -54,15 +56,12 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
         events = mine.events()
         assert events[-1] == ("message", "[DONE]") and events[-2][0] == "error", events
         assert events[-2][1] == {"message": REPLICA_DIED, "type": "server_error", "code": 500}
-        # Ray kills the frozen process a little after it gave up on it; its stages die with it.
-        deadline = time.monotonic() + 60
-        while not gone(victim["pid"]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert gone(victim["pid"]), "the frozen replica process was never killed"
+        # Its stages hear no heartbeat from it: they exit with their children, so their GPUs
+        # are freed whether or not Ray ever kills the stopped process.
         for stage in victim["stages"].values():
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + STAGES_EXIT_WITHIN_S
             while not gone(stage["pid"]) and time.monotonic() < deadline:
-                time.sleep(0.1)
+                time.sleep(0.2)
             assert gone(stage["pid"]), stage
         after = fleet.wait(lambda stats: len(stats) == 2
                            and first not in {s["replica"] for s in stats}
@@ -70,5 +69,5 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
                            timeout=60, what="a replacement replica")
         assert second in {s["replica"] for s in after}
     finally:
-        if not gone(victim["pid"]):
-            os.kill(victim["pid"], signal.SIGCONT)
+        if not gone(victim["pid"]):  # Ray may not have killed the stopped process yet
+            os.kill(victim["pid"], signal.SIGKILL)
