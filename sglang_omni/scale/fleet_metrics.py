@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-#: The label each sample gains.
+#: The label each replica's sample gains, and each of the gateway's own.
 REPLICA_LABEL = "replica"
+GATEWAY_LABEL = "gateway"
 
 
 @dataclass
@@ -27,9 +28,9 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def labelled(sample: str, replica: str) -> str:
-    """One sample line with ``replica="<replica>"`` as its first label."""
-    label = f'{REPLICA_LABEL}="{_escape(replica)}"'
+def labelled(sample: str, replica: str, name: str = REPLICA_LABEL) -> str:
+    """One sample line with ``<name>="<replica>"`` as its first label."""
+    label = f'{name}="{_escape(replica)}"'
     brace = sample.find("{")
     space = sample.find(" ")
     if brace != -1 and (space == -1 or brace < space):
@@ -57,16 +58,17 @@ def _families(text: str) -> list[tuple[str, _Family]]:
     return list(out.items())
 
 
-def merge(expositions: Sequence[tuple[str, str]]) -> str:
-    """One exposition of ``(replica, text)`` pairs: families in order of first appearance,
-    each family's header from the first replica that has it."""
+def merge(expositions: Sequence[tuple[str, str]], label: str = REPLICA_LABEL) -> str:
+    """One exposition of ``(replica, text)`` pairs, each sample labelled ``<label>="<replica>"``:
+    families in order of first appearance, each family's header from the first replica that has
+    it."""
     merged: dict[str, _Family] = {}
     for replica, text in expositions:
         for name, family in _families(text):
             into = merged.get(name)
             if into is None:
                 into = merged[name] = _Family(header=list(family.header))
-            into.samples.extend(labelled(s, replica) for s in family.samples)
+            into.samples.extend(labelled(s, replica, label) for s in family.samples)
     lines: list[str] = []
     for family in merged.values():
         lines.extend(family.header)

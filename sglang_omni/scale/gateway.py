@@ -18,7 +18,8 @@ first replica it reaches; the gateway is what can look at the answer first:
 * a 404 for a result a replica holds (direct generation's video jobs and stored images, by id:
   :data:`HELD_RESULT`) is asked of the other replicas in turn: the result lives on the replica
   that made it; ``GET /v1/videos`` lists every replica's jobs, and ``GET /metrics`` is every
-  replica's metrics, each sample labelled with its replica;
+  replica's metrics, each sample labelled with its replica, then the gateway's own
+  (:mod:`~sglang_omni.scale.gateway_metrics`, labelled with the gateway);
 * a replica that dies (its process killed) before its answer started answers 500 with the error
   a stage death gives; after a stream started, the stream ends with that error (``event: error``
   on ``/generate``, an ``{"error": ...}`` chunk on chat) and ``[DONE]``, as on one server;
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
+from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -75,7 +77,8 @@ from sglang_omni.scale.asgi_call import (
     StreamCut,
     forwarded,
 )
-from sglang_omni.scale.fleet_metrics import merge
+from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, merge
+from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
 from sglang_omni.serve.app import error_response
 from sglang_omni.serve.body_budget import BodyBudget, BodyLease
@@ -168,6 +171,9 @@ class OmniGateway:
         self.waiting_room = WaitingRoom(max_waiting)
         self.rid_pins = RidPins()
         self.body_budget = BodyBudget(server.max_pending_body_bytes)
+        self.metrics = GatewayMetrics(lambda: self.waiting_room.waiting,
+                                      lambda: self.body_budget.held)
+        self.name = _replica_id()
 
     def __serve_build_asgi_app__(self) -> Any:
         return _Asgi(self)
@@ -183,6 +189,8 @@ class OmniGateway:
             try:
                 body = await self._read_body(scope, receive, lease)
             except (RequestTooSlow, ServiceUnavailable) as exc:
+                reason = "body_timeout" if isinstance(exc, RequestTooSlow) else "body_budget"
+                self.metrics.refusals.labels(reason=reason).inc()
                 await error_response(exc, self.server.retry_after_s)(scope, receive, send)
                 return
             if body is None:
@@ -348,7 +356,8 @@ class OmniGateway:
     async def _metrics_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
                                   ) -> None:
         """``GET /metrics`` of the fleet: every replica's metrics, labelled by replica
-        (:mod:`~sglang_omni.scale.fleet_metrics`); an answer other than 200 is relayed."""
+        (:mod:`~sglang_omni.scale.fleet_metrics`), then this gateway's, labelled by gateway;
+        an answer other than 200 is relayed."""
         texts: list[tuple[str, str]] = []
         content_type = b"text/plain; version=0.0.4; charset=utf-8"
         for replica, start, body in await self._every_replica(request):
@@ -357,7 +366,8 @@ class OmniGateway:
                 return
             content_type = dict(start.get("headers", [])).get(b"content-type", content_type)
             texts.append((replica, body.decode("utf-8", "replace")))
-        merged = merge(texts).encode()
+        merged = (merge(texts) + merge([(self.name, self.metrics.exposition())],
+                                       GATEWAY_LABEL)).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", content_type),
                                 (b"content-length", str(len(merged)).encode())]})
@@ -386,6 +396,7 @@ class OmniGateway:
                 return
             log.info("replica %s answered %s %s with %d; asking another replica",
                      refused.replica, scope["method"], scope["path"], refused.status)
+            self.metrics.retries.labels(status=str(refused.status)).inc()
             tried.append(refused.replica)
             attempt += 1
 
@@ -448,6 +459,7 @@ class OmniGateway:
                       exc: Exception) -> None:
         """End an answer whose replica call failed: an error answer, or the stream's end."""
         if isinstance(exc, RayActorError | StreamCut):
+            self.metrics.replica_exits.inc()
             error: OmniError = StageDied(REPLICA_DIED)
             log.warning("request %s %s: %s", scope["method"], scope["path"], REPLICA_DIED)
         else:
@@ -461,6 +473,14 @@ class OmniGateway:
                         "body": stream_failure(scope["path"], error), "more_body": False})
         else:
             raise exc  # a plain body cut short: the connection is closed
+
+
+def _replica_id() -> str:
+    """This gateway's Ray replica id (``gateway`` outside a Serve replica)."""
+    try:
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # noqa: BLE001 - not in a replica (a test builds the class directly)
+        return "gateway"
 
 
 class _Asgi:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.cluster_utils import Cluster
 
@@ -107,6 +108,18 @@ def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "d
                DEPLOY_TIMEOUT_S, f"{replicas} healthy replicas")
     time.sleep(1.0)
     return fleet
+
+
+def gateway_metric(fleet: Fleet, name: str, **labels: str) -> float:
+    """A sample of the gateway's own metrics in the fleet's ``/metrics`` (0 when absent); its
+    ``gateway`` label is not matched."""
+    text = httpx.get(f"{fleet.url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and "gateway" in sample.labels and all(
+                    sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
 
 
 def with_delete() -> None:

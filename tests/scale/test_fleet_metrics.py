@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_omni.scale.fleet_metrics import labelled, merge
+from sglang_omni.scale.gateway_metrics import GatewayMetrics
 
 
 def exposition(requests: int, active: float) -> str:
@@ -44,3 +45,20 @@ def test_merge_is_one_valid_exposition_of_every_replica() -> None:
 
 def test_merge_of_nothing_is_empty() -> None:
     assert merge([]) == ""
+
+
+def test_the_gateway_series_follow_the_replicas_under_their_own_label() -> None:
+    metrics = GatewayMetrics(lambda: 2, lambda: 300)
+    metrics.retries.labels(status="503").inc()
+    metrics.refusals.labels(reason="body_budget").inc()
+    text = merge([("r1", exposition(1, 1))]) + merge([("g1", metrics.exposition())], "gateway")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    own = {s.name: (s.labels, s.value) for name, f in families.items()
+           if name.startswith("sgl_omni_gateway_") for s in f.samples}
+    assert own["sgl_omni_gateway_waiting_requests"] == ({"gateway": "g1"}, 2.0)
+    assert own["sgl_omni_gateway_pending_body_bytes"] == ({"gateway": "g1"}, 300.0)
+    assert own["sgl_omni_gateway_retries_total"] == ({"gateway": "g1", "status": "503"}, 1.0)
+    assert own["sgl_omni_gateway_replica_exits_total"] == ({"gateway": "g1"}, 0.0)
+    refusals = {s.labels["reason"]: s.value for s in families["sgl_omni_gateway_refusals"].samples
+                if s.name.endswith("_total")}
+    assert refusals == {"body_budget": 1.0, "body_timeout": 0.0}

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray")
 
 from tests.kit import parse_sse, script  # noqa: E402
-from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy  # noqa: E402
+from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
 from tests.server import SCRIPTED_UMM, Server  # noqa: E402
 from tests.wire.kit import refused_beside_upload, refused_prompt, status_within  # noqa: E402
 
@@ -149,12 +149,22 @@ def test_health_and_metrics_have_the_shape_of_one_server(fleet: Fleet, single: S
     assert got[2]["stages"].keys() == want[2]["stages"].keys()
     got, want = both(fleet, single, "GET", "/metrics")
     names = [re.findall(r"^# TYPE (\S+)", text, re.M) for text in (got[2], want[2])]
-    assert got[:2] == want[:2] and names[0] == names[1] and names[0]
-    # every replica's series, each labelled with its replica (a scrape reads the whole fleet)
+    own = [n for n in names[0] if n.startswith("sgl_omni_gateway_")]
+    assert got[:2] == want[:2] and [n for n in names[0] if n not in own] == names[1]
+    assert names[1] and set(own) == {"sgl_omni_gateway_waiting_requests",
+                                     "sgl_omni_gateway_pending_body_bytes",
+                                     "sgl_omni_gateway_retries_total",
+                                     "sgl_omni_gateway_refusals_total",
+                                     "sgl_omni_gateway_replica_exits_total"}
+    # every replica's series, each labelled with its replica (a scrape reads the whole fleet),
+    # then the gateway's own, labelled with the gateway
     samples = [line for line in got[2].splitlines() if line and not line.startswith("#")]
-    replica_of = [re.match(r'[^{ ]+\{replica="([^"]+)"', line) for line in samples]
-    assert all(replica_of), [s for s, m in zip(samples, replica_of, strict=True) if not m][:3]
-    assert {m.group(1) for m in replica_of if m} == {s["replica"] for s in fleet.stats()}
+    owner = [re.match(r'([^{ ]+)\{(replica|gateway)="([^"]+)"', line) for line in samples]
+    assert all(owner), [s for s, m in zip(samples, owner, strict=True) if not m][:3]
+    assert {m.group(3) for m in owner if m and m.group(2) == "replica"} == \
+        {s["replica"] for s in fleet.stats()}
+    assert all(m.group(1).startswith("sgl_omni_gateway_") == (m.group(2) == "gateway")
+               for m in owner if m)
     assert len(re.findall(r"^# TYPE ", got[2], re.M)) == len(set(names[0]))  # one group each
 
 
@@ -203,3 +213,4 @@ def test_a_body_that_does_not_fit_beside_those_held_is_refused_as_on_one_server(
         assert status_within(base, refused_prompt(50_000), 400).status_code == 400
     assert answers[0] == answers[1]
     assert answers[0][0][0] == 503 and "server.max_pending_body_bytes" in str(answers[0])
+    assert gateway_metric(fleet, "sgl_omni_gateway_refusals_total", reason="body_budget") >= 1

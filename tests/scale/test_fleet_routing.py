@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("ray")
 
 from tests.kit import script  # noqa: E402
-from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
+from tests.scale.kit import Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
 
 #: One image of 4 steps of 0.25 s: 1 s on the stage. With timeout_s 8 an idle server plans 7
 #: generations (7 x (1 s + the turn) + a turn <= 8 s), so a stage planned busy for more than
@@ -75,10 +75,13 @@ def test_a_503_is_retried_on_another_replica(cluster: RayCluster, retries: int |
     codes = [generate(fleet) for _ in range(4)]  # round robin sends half to the busy replica
     refused = sum(refusals(fleet).values())
     assert refused >= 1
+    retried = gateway_metric(fleet, "sgl_omni_gateway_retries_total", status="503")
     if retries is None:
         assert codes == [200] * 4  # each 503 retried on the idle replica
+        assert retried == refused
     else:
         assert codes.count(503) == refused and codes.count(200) == 4 - refused
+        assert retried == 0
     long_one.join()
 
 
@@ -110,9 +113,19 @@ def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
     held = fill_both_replicas(fleet)
     before = refusals(fleet)
     sent = time.monotonic()
+    waiting: list[float] = []
+
+    def scrape_meanwhile() -> None:
+        time.sleep(0.5)
+        waiting.append(gateway_metric(fleet, "sgl_omni_gateway_waiting_requests"))
+
+    watch = threading.Thread(target=scrape_meanwhile)
+    watch.start()
     code = generate(fleet)
     waited = time.monotonic() - sent
+    watch.join()
     if max_wait_s:
+        assert waiting == [1.0]  # the gateway's metrics show it waiting there
         # held at the gateway until a long request ended, then admitted: no replica refused it
         assert code == 200 and waited > 1.0, (code, waited)
         assert refusals(fleet) == before
