@@ -95,6 +95,7 @@ def test_leaving_aborts_the_action_in_flight() -> None:
             recv(conn)
             conn.send(msgpack.packb(request))
             wait_for(lambda: metric(slow, "submitted") == 1, timeout=10)
+            time.sleep(0.5)  # the stage started the job (an abort before that ends it unrun)
         wait_for(lambda: metric(slow, "aborted") == 1, timeout=10)
         assert "generation cancelled at step" in slow.log()
 
