@@ -29,8 +29,8 @@ SMALL = {"width": 32, "height": 32}
 
 
 def hung_server(*extra: str) -> Server:
-    return Server(*SCRIPTED_UMM, *supervised("reasoner", "generation", stall_s=30.0,
-                                             progress_s=PROGRESS_S), *extra)
+    return Server(*SCRIPTED_UMM, *supervised("reasoner", stall_s=30.0),
+                  *supervised("generation", stall_s=30.0, progress_s=PROGRESS_S), *extra)
 
 
 def generate(server: Server, prompt: str, steps: int = 4, timeout: float = 60) -> httpx.Response:
@@ -65,9 +65,9 @@ def test_hung_generation_fails_its_request_and_restarts() -> None:
 
 
 def test_a_generation_reporting_its_steps_runs_past_the_timeout() -> None:
-    """Eight steps of 0.5 s: 4 s of generation, each step well inside the 1.5 s timeout."""
-    with hung_server("--generation.factory.step_time_s", "0.5") as server:
-        resp = generate(server, "slow but alive", steps=8)
+    """Ten steps of 0.3 s: 3 s of generation, each step well inside the 1.5 s timeout."""
+    with hung_server("--generation.factory.step_time_s", "0.3") as server:
+        resp = generate(server, "slow but alive", steps=10)
         assert resp.status_code == 200, resp.text
         assert restarts(server, "generation") == 0
         assert health(server).json()["status"] == "ok"
