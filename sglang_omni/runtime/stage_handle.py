@@ -43,8 +43,9 @@ ABORT_WAIT_S = 10.0
 
 ChunkCallback = Callable[[dict[str, Any]], None]
 
-#: The stage's messages about a job: each is a sign the stage makes progress.
-JOB_OPS = frozenset({"chunk", "result", "error", "aborted"})
+#: The stage's messages that end a job, and those about a job (each a sign of progress).
+JOB_ENDS = frozenset({"result", "error", "aborted"})
+JOB_OPS = JOB_ENDS | {"chunk"}
 
 
 class StageStartupError(Exception):
@@ -390,13 +391,11 @@ class StageHandle:
             return
         rid = header.get("rid")
         token = header.get("token")
-        if op in ("aborted", "result", "error") and isinstance(rid, str) \
-                and isinstance(token, int):
+        if op in JOB_ENDS and isinstance(rid, str) and isinstance(token, int):
             self._open.discard((rid, token))
-        ended = self._aborting.pop((rid, token), None) if isinstance(rid, str) \
-            and isinstance(token, int) and op in ("aborted", "result", "error") else None
-        if ended is not None and not ended.done():
-            ended.set_result(None)  # an aborted job's last word, whichever it is
+            ended = self._aborting.pop((rid, token), None)
+            if ended is not None and not ended.done():
+                ended.set_result(None)  # an aborted job's last word, whichever it is
         if op == "aborted":
             self.counters.aborted += 1
             return

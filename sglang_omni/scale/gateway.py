@@ -173,6 +173,8 @@ class OmniGateway:
         self.body_budget = BodyBudget(server.max_pending_body_bytes)
         self.metrics = GatewayMetrics(lambda: self.waiting_room.waiting,
                                       lambda: self.body_budget.held)
+        self.body_budget.on_refused = \
+            self.metrics.refusals.labels(reason="body_budget").inc
         self.name = _replica_id()
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -188,9 +190,9 @@ class OmniGateway:
         with self.body_budget.lease() as lease:  # held until the relay ends (retries resend)
             try:
                 body = await self._read_body(scope, receive, lease)
-            except (RequestTooSlow, ServiceUnavailable) as exc:
-                reason = "body_timeout" if isinstance(exc, RequestTooSlow) else "body_budget"
-                self.metrics.refusals.labels(reason=reason).inc()
+            except (RequestTooSlow, ServiceUnavailable) as exc:  # the budget counts its own
+                if isinstance(exc, RequestTooSlow):
+                    self.metrics.refusals.labels(reason="body_timeout").inc()
                 await error_response(exc, self.server.retry_after_s)(scope, receive, send)
                 return
             if body is None:

@@ -124,11 +124,9 @@ def decode_msgpack(raw: bytes, max_depth: int, binary_ok: Collection[str] = (),
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False, list_hook=count.array,
                                 object_hook=count.map, max_array_len=max_values,
                                 max_map_len=max_values)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # msgpack's own errors are ValueErrors
         if "exceeds max_" in str(exc):  # one array or map longer than the limit
             raise too_many_values(max_values) from None
-        raise BadRequest(f"the body is not valid msgpack: {exc}") from None
-    except (TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise BadRequest(f"the body is not valid msgpack: {exc}") from None
     except RecursionError:
         raise BadRequest("the msgpack body is nested too deeply") from None

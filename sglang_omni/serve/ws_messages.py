@@ -28,6 +28,8 @@ log = logging.getLogger("sglang_omni.serve")
 WS_NORMAL = 1000
 WS_POLICY_VIOLATION = 1008
 WS_INTERNAL_ERROR = 1011
+#: ... and "try again later" (RFC 6455 registry): a message over the server's body budget.
+WS_TRY_AGAIN_LATER = 1013
 #: Longest close reason in bytes (a close frame's payload is at most 125 bytes).
 MAX_REASON_BYTES = 120
 

@@ -21,11 +21,10 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.serve.body_budget import BodyBudget, BodyLease
+from sglang_omni.serve.ws_messages import WS_TRY_AGAIN_LATER
 
 log = logging.getLogger("sglang_omni.serve")
 
-#: Close code "try again later" (RFC 6455 registry).
-WS_TRY_AGAIN_LATER = 1013
 OVER_BUDGET_REASON = "server busy reading other requests (max_pending_body_bytes); retry"
 
 
