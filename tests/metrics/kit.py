@@ -1,4 +1,5 @@
-"""Reading ``/metrics`` and the metrics table of docs/operations.md."""
+"""Reading ``/metrics`` and the metrics tables of the docs (docs/operations.md: one server's;
+docs/scaling-out.md: a fleet gateway's own)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server import Server
 
 OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
+SCALING_OUT = OPERATIONS.with_name("scaling-out.md")
 ROW = re.compile(r"^\| `(sgl_omni_[a-z_]+)` \|\s*(counter|gauge|histogram)\s*\|([^|]*)\|")
 
 
-def table() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The documented metrics: name -> (type, labels)."""
+def table(page: Path = OPERATIONS) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The metrics documented in ``page``: name -> (type, labels)."""
     out = {}
-    for line in OPERATIONS.read_text().splitlines():
+    for line in page.read_text().splitlines():
         match = ROW.match(line)
         if match:
             labels = tuple(x.strip(" `") for x in match[3].split(",") if x.strip())

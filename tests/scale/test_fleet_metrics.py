@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_omni.scale.fleet_metrics import labelled, merge
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
+from tests.metrics.kit import SCALING_OUT, table
 
 
 def exposition(requests: int, active: float) -> str:
@@ -62,3 +63,16 @@ def test_the_gateway_series_follow_the_replicas_under_their_own_label() -> None:
     refusals = {s.labels["reason"]: s.value for s in families["sgl_omni_gateway_refusals"].samples
                 if s.name.endswith("_total")}
     assert refusals == {"body_budget": 1.0, "body_timeout": 0.0}
+
+
+def test_the_scaling_out_page_documents_each_gateway_metric_as_exposed() -> None:
+    metrics = GatewayMetrics(lambda: 0, lambda: 0)
+    metrics.retries.labels(status="503").inc()
+    exposed = {}
+    for family in text_string_to_metric_families(metrics.exposition()):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {k for s in family.samples for k in s.labels}
+        exposed[name] = (family.type, tuple(sorted(labels)))
+    documented = {name: (kind, tuple(sorted(labels)))
+                  for name, (kind, labels) in table(SCALING_OUT).items()}
+    assert documented == exposed
