@@ -135,18 +135,22 @@ def test_invalid_init_is_answered_and_the_server_waits(server: Server) -> None:
 
 def test_chunks_follow_the_prompt_events(server: Server) -> None:
     with ws(server, "/v1/realtime_video/generate") as conn:
-        conn.send(msgpack.packb({**INIT, "max_chunks": 3, "first_frame": PNG},
-                                use_bin_type=True))
+        # chunks of 1.5 s (150 steps of 0.01 s): the events below reach the server while
+        # chunk 1 is made, however slowly this client runs (the server makes chunks back to
+        # back: with short chunks, all three could be done before the events arrive)
+        conn.send(msgpack.packb({**INIT, "max_chunks": 3, "first_frame": PNG,
+                                 "num_inference_steps": 150}, use_bin_type=True))
         first = recv(conn)
+        conn.send(msgpack.packb({"type": "event", "kind": "prompt", "payload": "storm",
+                                 "event_id": 7}))
+        conn.send(msgpack.packb({"type": "event", "kind": "camera", "payload": "left"}))
         assert first["type"] == "frame_batch" and first["chunk_index"] == 0
         assert first["content_type"] == "video/mp4" and first["num_frames"] == 3
         assert first["total_size"] == len(first["payload"])
         assert first["is_final_frame_batch"] is True and first["num_frame_batches"] == 1
+        assert "event_id" not in first
         frames = decode_mp4_frames(first["payload"])
         assert len(frames) == 3 and frames[0].shape == (32, 32, 3)
-        conn.send(msgpack.packb({"type": "event", "kind": "prompt", "payload": "storm",
-                                 "event_id": 7}))
-        conn.send(msgpack.packb({"type": "event", "kind": "camera", "payload": "left"}))
         later = [recv(conn) for _ in range(3)]
         errors = [m for m in later if m["type"] == "error"]
         chunks = [m for m in later if m["type"] == "frame_batch"]
