@@ -34,6 +34,28 @@ unmarked_test: str | None = None
 PORT_ATTEMPTS = 3
 
 
+def running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs (not exited, not a zombie). A process, not a pid: psutil
+    tells a later process given the same pid (pids wrap at 32768 here) from it."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_own_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal what is left of the process group ``proc`` leads (started with
+    ``start_new_session``). Once ``proc`` is reaped its pid is free: while members of its group
+    live, the kernel gives no process that number; when none do, a later process may have it
+    (pids wrap at 32768 here) and lead a group of its own, which is never signalled."""
+    if proc.returncode is not None and psutil.pid_exists(proc.pid):
+        return  # reaped, and its number taken by another process: the group is gone
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class PortTaken(RuntimeError):
     """The server could not bind its port: another process took it after ``free_port()``."""
 
@@ -118,10 +140,7 @@ class Server:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_own_group(self.proc)
         self.proc.wait(5)
         self._log.close()
         os.unlink(self._log.name)

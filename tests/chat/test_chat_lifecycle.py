@@ -17,7 +17,7 @@ import pytest
 
 from tests.chat.kit import CHAT, TEXT_ONLY, chat, metric, say, sse_events
 from tests.kit import wait_until
-from tests.server import Server
+from tests.server import Server, running
 
 SLOW = {"delay_s": 30}
 NATIVE_LIKE = [*TEXT_ONLY, "--reasoner.factory.children", "2",
@@ -28,9 +28,8 @@ def stage_children(server: Server) -> list[psutil.Process]:
     return psutil.Process(server.stage_pid("reasoner")).children()
 
 
-def gone(pids: list[int]) -> bool:
-    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
-               for p in pids)
+def gone(procs: list[psutil.Process]) -> bool:
+    return not any(running(p) for p in procs)
 
 
 # --- warmup -----------------------------------------------------------------------------------
@@ -97,10 +96,10 @@ def test_client_gone_before_the_stream_starts_aborts(server: Server) -> None:
 def test_native_child_failure_stops_the_stage_and_the_server() -> None:
     server = Server(*NATIVE_LIKE)
     try:
-        stage = server.stage_pid("reasoner")
+        stage = psutil.Process(server.stage_pid("reasoner"))
         children = stage_children(server)
         assert len(children) == 2
-        tree = [p.pid for p in server.descendants()]
+        tree = server.descendants()
         result: dict = {}
 
         def client() -> None:
@@ -132,7 +131,7 @@ def test_killed_native_stage_stops_the_server_and_its_children() -> None:
     server = Server(*NATIVE_LIKE)
     try:
         stage = server.stage_pid("reasoner")
-        children = [p.pid for p in stage_children(server)]
+        children = stage_children(server)
         os.kill(stage, signal.SIGKILL)
         assert server.proc.wait(30) == 1
         assert "the reasoner stage exited (exit code -9)" in server.log()

@@ -27,7 +27,6 @@ the shape the tiny demo checkpoint's requests take.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -41,7 +40,14 @@ import httpx
 import pytest
 
 from tests.kit import script
-from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM, Server, free_port
+from tests.server import (
+    SCRIPTED_CHAT,
+    SCRIPTED_GENERATION,
+    SCRIPTED_UMM,
+    Server,
+    free_port,
+    kill_own_group,
+)
 from tests.umm.kit import final, image, video
 
 ROOT = Path(__file__).parents[2]
@@ -171,11 +177,11 @@ def run_serve(block: Block, workdir: Path) -> None:
             time.sleep(0.2)
         raise AssertionError(f"{block.id}: no healthy server on port {port} in 90 s")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        kill_own_group(proc, signal.SIGTERM)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_own_group(proc)
             proc.wait(5)
 
 

@@ -19,7 +19,7 @@ import psutil
 
 from tests.kit import parse_sse
 from tests.kit import script as script  # shared; re-exported for the reliability tests
-from tests.server import Server
+from tests.server import Server, running
 
 #: Every status a client may see (500 only in the JSON error shape).
 DOCUMENTED = {200, 400, 401, 404, 405, 408, 413, 415, 499, 500, 503}
@@ -102,7 +102,10 @@ class TrackedServer:
 
     def __init__(self, *args: str, timeout: float = 60) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="omni-reliability-"))
-        self.seen: set[int] = set()
+        #: processes, not pids: psutil checks a process's start time before it is signalled or
+        #: counted, so a pid the kernel gave to another process since (pids wrap at 32768 here)
+        #: is neither.
+        self.seen: set[psutil.Process] = set()
         self.server = Server(*args, env={"TMPDIR": str(self.tmp)}, timeout=timeout)
         self.remember()
 
@@ -112,9 +115,9 @@ class TrackedServer:
 
     def remember(self) -> set[int]:
         """Record the server's current descendants; returns their pids."""
-        pids = {p.pid for p in self.server.descendants()}
-        self.seen |= pids
-        return pids
+        found = set(self.server.descendants())
+        self.seen |= found
+        return {p.pid for p in found}
 
     def processes(self) -> list[psutil.Process]:
         """The server process and its descendants."""
@@ -148,22 +151,16 @@ class TrackedServer:
                 pass
         deadline = time.monotonic() + ORPHAN_GRACE_S
         while True:
-            alive = []
-            for pid in sorted(self.seen):
-                try:
-                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                        alive.append(pid)
-                except psutil.NoSuchProcess:
-                    pass
+            alive = [p.pid for p in self.seen if running(p)]
             if not alive or time.monotonic() > deadline:
-                return alive
+                return sorted(alive)
             time.sleep(0.1)
 
     def close(self) -> None:
-        for pid in self.seen:  # a SIGSTOPped stage cannot see SIGTERM
+        for proc in self.seen:  # a SIGSTOPped stage cannot see SIGTERM
             try:
-                os.kill(pid, signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
+                proc.send_signal(signal.SIGCONT)
+            except psutil.Error:
                 pass
         self.server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -21,6 +21,7 @@ pytest.importorskip("ray")
 from sglang_omni.scale.gateway import REPLICA_DIED  # noqa: E402
 from tests.kit import parse_sse, script  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
+from tests.server import running  # noqa: E402
 
 GEN = {"generation": {"width": 32, "height": 32, "seed": 3}}
 ENDS_WITHIN_S = 5.0
@@ -73,11 +74,14 @@ def wait_in_flight(fleet: Fleet, want: list[int]) -> dict[str, int]:
         else None), what=f"in flight {want}")
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+def processes(pids: list[int]) -> list[psutil.Process]:
+    """Processes to watch die, taken while they run: a pid the kernel gives to another process
+    later (pids wrap at 32768 here) is not mistaken for one of them."""
+    return [psutil.Process(pid) for pid in pids]
+
+
+def gone(proc: psutil.Process) -> bool:
+    return not running(proc)
 
 
 def test_kill_9_of_a_replica_fails_only_its_requests_and_ray_replaces_it(fleet: Fleet) -> None:
@@ -93,6 +97,7 @@ def test_kill_9_of_a_replica_fails_only_its_requests_and_ray_replaces_it(fleet: 
     theirs_plain = Call(fleet.url, held(3), stream=False)
     wait_in_flight(fleet, [2, 2])
 
+    stages = processes([stage["pid"] for stage in victim["stages"].values()])
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
     for call in (mine_stream, mine_plain, theirs_stream, theirs_plain):
@@ -110,11 +115,11 @@ def test_kill_9_of_a_replica_fails_only_its_requests_and_ray_replaces_it(fleet: 
     assert theirs_stream.status == 200 and theirs_stream.events()[-2][0] == "complete"
     assert theirs_plain.status == 200 and "done" in theirs_plain.text
     # Its stage processes die with it; Ray starts a replacement.
-    for stage in victim["stages"].values():
+    for stage in stages:
         deadline = time.monotonic() + 10
-        while not gone(stage["pid"]) and time.monotonic() < deadline:
+        while not gone(stage) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert gone(stage["pid"]), stage
+        assert gone(stage), stage
     after = fleet.wait(lambda stats: len(stats) == 2 and first not in {s["replica"] for s in stats}
                        and all(s["health"] == "ok" for s in stats) and stats,
                        timeout=60, what="a replacement replica")

@@ -6,18 +6,25 @@ processes, hearing no heartbeat from it, exit with their children, and the repla
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import httpx
+import psutil
 import pytest
 
 pytest.importorskip("ray")
 
 from sglang_omni.scale.gateway import REPLICA_DIED  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
-from tests.scale.test_fleet_faults import GEN, Call, gone, held, wait_in_flight  # noqa: E402
+from tests.scale.test_fleet_faults import (  # noqa: E402
+    GEN,
+    Call,
+    gone,
+    held,
+    processes,
+    wait_in_flight,
+)
 
 CHECK_S = 1.0
 #: Three failed checks of CHECK_S timeout each, CHECK_S apart, and the controller's own pace.
@@ -36,7 +43,9 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
     victim = before[first]
     mine = Call(fleet.url, held(60), stream=True)
     wait_in_flight(fleet, [1, 0])
-    os.kill(victim["pid"], signal.SIGSTOP)
+    frozen_process = psutil.Process(victim["pid"])  # never a later process given its pid
+    stages = processes([stage["pid"] for stage in victim["stages"].values()])
+    frozen_process.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
     try:
         # Ray stops routing to it once its health checks failed: requests then all succeed.
@@ -58,16 +67,18 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
         assert events[-2][1] == {"message": REPLICA_DIED, "type": "server_error", "code": 500}
         # Its stages hear no heartbeat from it: they exit with their children, so their GPUs
         # are freed whether or not Ray ever kills the stopped process.
-        for stage in victim["stages"].values():
+        for stage in stages:
             deadline = time.monotonic() + STAGES_EXIT_WITHIN_S
-            while not gone(stage["pid"]) and time.monotonic() < deadline:
+            while not gone(stage) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert gone(stage["pid"]), stage
+            assert gone(stage), stage
         after = fleet.wait(lambda stats: len(stats) == 2
                            and first not in {s["replica"] for s in stats}
                            and all(s["health"] == "ok" for s in stats) and stats,
                            timeout=60, what="a replacement replica")
         assert second in {s["replica"] for s in after}
     finally:
-        if not gone(victim["pid"]):  # Ray may not have killed the stopped process yet
-            os.kill(victim["pid"], signal.SIGKILL)
+        try:  # Ray may not have killed the stopped process yet
+            frozen_process.kill()
+        except psutil.NoSuchProcess:
+            pass

@@ -11,21 +11,14 @@ import time
 
 import psutil
 
-from tests.server import SCRIPTED_UMM, Server
+from tests.server import SCRIPTED_UMM, Server, running
 from tests.supervision.kit import fast
 
 EXIT_WITHIN_S = 10 + 15  # stage_process.MIN_SERVER_SILENCE_S, and a loaded machine
 
 
-def alive(pids: set[int]) -> set[int]:
-    out = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+def alive(procs: set[psutil.Process]) -> set[psutil.Process]:
+    return {p for p in procs if running(p)}
 
 
 def test_the_stages_of_a_frozen_server_exit_with_their_children() -> None:
@@ -33,7 +26,7 @@ def test_the_stages_of_a_frozen_server_exit_with_their_children() -> None:
                 "--generation.factory.children", "1",
                 *fast("reasoner", "generation", stall_s=1.0)) as server:
         stages = [psutil.Process(server.stage_pid(name)) for name in ("reasoner", "generation")]
-        tree = {p.pid for stage in stages for p in (stage, *stage.children(recursive=True))}
+        tree = {p for stage in stages for p in (stage, *stage.children(recursive=True))}
         assert len(tree) == 4  # two stages, a child each
         time.sleep(12)  # heartbeats going on past the limit: nothing exits
         assert alive(tree) == tree

@@ -10,6 +10,8 @@ import os
 import signal
 import time
 
+import psutil
+
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM, Server
 from tests.supervision.kit import (
     ENDS_WITHIN_S,
@@ -58,7 +60,7 @@ def sse_error(raw: str) -> dict:
     return errors[-1]["error"]
 
 
-def recovers(server: Server, stage: str, old_tree: set[int], count: int) -> None:
+def recovers(server: Server, stage: str, old_tree: set[psutil.Process], count: int) -> None:
     """The stage comes back by itself; the old process tree is gone, as many processes run
     as before, and /metrics counts ``count`` restarts of the stage."""
     body = wait_health(server, "ok")
