@@ -32,7 +32,7 @@ from sglang_omni.engines.base import EngineSpec
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, channel_pair, pack_header
-from sglang_omni.runtime.proc import kill_group
+from sglang_omni.runtime.proc import kill_led_group
 from sglang_omni.runtime.stage_process import stage_main
 
 log = logging.getLogger("sglang_omni.runtime")
@@ -171,8 +171,8 @@ class StageHandle:
         try:
             await self._await_ready()
         except (StageStartupError, asyncio.CancelledError):
-            if proc is not None and proc.pid:  # make sure the failed attempt is gone
-                kill_group(proc.pid)
+            if proc is not None:  # make sure the failed attempt is gone
+                kill_led_group(proc)
                 await _join(proc, 5.0)
             raise
 
@@ -464,8 +464,7 @@ class StageHandle:
         log.error("the %s stage %s; failing %d in-flight request(s) and killing it", self.name,
                   what, len(self._pending))
         self._fail_all(message)
-        if self._process.pid:
-            kill_group(self._process.pid)
+        kill_led_group(self._process)
 
     def _fail_all(self, message: Callable[[str], str]) -> None:
         for rid, pending in list(self._pending.items()):
@@ -489,8 +488,7 @@ class StageHandle:
         self.dead = True
         self._end_aborting()
         self.ready = False
-        if self._process.pid:
-            kill_group(self._process.pid)  # its children go with it
+        kill_led_group(self._process)  # its children go with it
         if self._ready_future and not self._ready_future.done():
             self._ready_future.set_exception(StageStartupError(
                 f"the {self.name} stage exited with code {self.exitcode} before it was ready; "
@@ -525,11 +523,10 @@ class StageHandle:
         if proc.is_alive():
             self._post({"op": "shutdown"})
             await _join(proc, grace_s)
-        if proc.is_alive() and proc.pid:
-            kill_group(proc.pid, signal.SIGTERM)
+        if proc.is_alive():
+            kill_led_group(proc, signal.SIGTERM)
             await _join(proc, 3.0)
-        if proc.pid:
-            kill_group(proc.pid, signal.SIGKILL)
+        kill_led_group(proc)
         await _join(proc, 3.0)
         self._sender.shutdown(wait=False)
         if self._channel is not None:
