@@ -58,9 +58,11 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.datastructures import QueryParams
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import (
+    BadRequest,
     OmniError,
     RequestTooSlow,
     ServerError,
@@ -86,6 +88,7 @@ from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
 from sglang_omni.serve.umm_wire import error_event
+from sglang_omni.serve.video_listing import list_page, list_query
 
 log = logging.getLogger("sglang_omni.scale")
 
@@ -341,19 +344,21 @@ class OmniGateway:
 
     async def _list_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
                                ) -> None:
-        """``GET /v1/videos`` of the fleet: every replica's jobs, newest first; an answer other
-        than 200 is relayed as it is."""
+        """``GET /v1/videos`` of the fleet: the page of every replica's jobs the query selects
+        (each replica is asked for all of its jobs: a page of one is no page of the fleet's); an
+        answer other than 200 is relayed as it is."""
         jobs: list[dict[str, Any]] = []
-        for _, start, body in await self._every_replica(request):
-            if start["status"] != 200:
+        for _, start, body in await self._every_replica({**request, "query_string": b""}):
+            if start["status"] != 200:  # a refused API key, say: as one server answers
                 await _send_answer(send, start, body)
                 return
             jobs.extend(json.loads(body)["data"])
-        jobs.sort(key=lambda job: job.get("created_at", 0), reverse=True)
-        await json_response({"object": "list", "data": jobs,
-                             "first_id": jobs[0]["id"] if jobs else None,
-                             "last_id": jobs[-1]["id"] if jobs else None,
-                             "has_more": False})(scope, _never, send)
+        try:  # after the replicas' answers, as one server checks the key before the query
+            query = list_query(QueryParams(scope.get("query_string", b"")))
+        except BadRequest as exc:
+            await error_response(exc, self.server.retry_after_s)(scope, _never, send)
+            return
+        await json_response(list_page(jobs, query))(scope, _never, send)
 
     async def _metrics_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
                                   ) -> None:

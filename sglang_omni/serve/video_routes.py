@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from sglang_omni.engines.generation_options import DEFAULT_FPS
@@ -36,6 +36,7 @@ from sglang_omni.serve.schemas.direct import VIDEO_OPTIONS, VideoGenerationReque
 from sglang_omni.serve.schemas.responses import ERRORS, VideoJobList
 from sglang_omni.serve.schemas.responses import VideoJob as VideoJobBody
 from sglang_omni.serve.video_jobs import VideoJob
+from sglang_omni.serve.video_listing import MAX_LIMIT, list_page, list_query
 
 REFERENCES = ("input_reference", "reference_url", "video_url", "video_reference")
 VIDEO_UPLOADS = ("input_reference", "video_reference")
@@ -107,13 +108,19 @@ def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
         return response
 
     @router.get("/v1/videos", responses={200: {"model": VideoJobList}})
-    async def list_videos() -> Response:
-        """The jobs held, newest first."""
+    async def list_videos(
+            after: str | None = Query(None, description="list the jobs after this one"),
+            limit: str | None = Query(None, description=f"at most this many jobs (1 to "
+                                      f"{MAX_LIMIT}; default: every job held)"),
+            order: str | None = Query(None, description="'desc' (newest first, the default) "
+                                      "or 'asc' (by created_at, then id)")) -> Response:
+        """The jobs held, newest first (by `created_at`, then `id`). Query parameters, as
+        native's: `limit` (1 to 100) lists at most that many (`has_more` says whether more are
+        held), `after` (a job id) the jobs after that one, `order=asc` oldest first."""
+        given = {"after": after, "limit": limit, "order": order}
+        query = list_query({k: v for k, v in given.items() if v is not None})
         videos.expire()
-        data = [job.body() for job in reversed(videos.jobs.values())]
-        return json_response({"object": "list", "data": data,
-                             "first_id": data[0]["id"] if data else None,
-                             "last_id": data[-1]["id"] if data else None, "has_more": False})
+        return json_response(list_page([job.body() for job in videos.jobs.values()], query))
 
     @router.get("/v1/videos/{video_id}", responses={200: {"model": VideoJobBody}})
     async def retrieve_video(video_id: str) -> Response:

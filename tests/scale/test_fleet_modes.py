@@ -122,6 +122,9 @@ def test_the_video_list_holds_every_replicas_jobs(cluster: RayCluster) -> None:
         if len(held) == 2:
             break
     assert len(held) == 2
+    job = httpx.post(f"{fleet.url}/v1/videos", json={"prompt": "a wave", "size": "32x32",
+                                                     "num_frames": 3}, timeout=30)
+    made.append(job.json()["id"])  # three jobs at least: more than one page of two replicas'
     for _ in range(3):  # whichever replica is asked first
         listed = httpx.get(f"{fleet.url}/v1/videos", timeout=10)
         assert listed.status_code == 200
@@ -131,6 +134,20 @@ def test_the_video_list_holds_every_replicas_jobs(cluster: RayCluster) -> None:
         assert body["first_id"] == ids[0] and body["last_id"] == ids[-1]
         created = [job["created_at"] for job in body["data"]]
         assert created == sorted(created, reverse=True)
+    # Pages of one job, each replica's jobs among them: the fleet's list, in its order.
+    paged: list[str] = []
+    query: dict[str, str | int] = {"limit": 1}
+    while True:
+        page = httpx.get(f"{fleet.url}/v1/videos", params=query, timeout=10).json()
+        paged += [job["id"] for job in page["data"]]
+        if not page["has_more"]:
+            break
+        query["after"] = page["last_id"]
+    assert paged == ids
+    asc = httpx.get(f"{fleet.url}/v1/videos", params={"order": "asc"}, timeout=10).json()
+    assert [job["id"] for job in asc["data"]] == ids[::-1]
+    refused = httpx.get(f"{fleet.url}/v1/videos", params={"limit": "0"}, timeout=10)
+    assert refused.status_code == 400 and "limit" in refused.json()["error"]["message"]
 
 
 def test_websocket_sessions_are_relayed(cluster: RayCluster) -> None:
