@@ -31,12 +31,17 @@ CHECK_S = 1.0
 NOTICED_WITHIN_S = 6 * CHECK_S + 10
 #: Then Ray's graceful shutdown (the builder's 30 s) before it gives up on the frozen process.
 ENDS_WITHIN_S = NOTICED_WITHIN_S + 30 + 10
-#: A stage whose server sent no heartbeat for 10 s (stage_process.MIN_SERVER_SILENCE_S) exits.
+#: A stage whose server sent no heartbeat for twice its stall timeout, and at least 10 s
+#: (stage_process.MIN_SERVER_SILENCE_S), exits: with STALL_S of 5 s, 10 s after the freeze
+#: (with the default 30 s, 60 s: later than Ray's graceful wait ends, so the test raced it).
+STALL_S = 5.0
 STAGES_EXIT_WITHIN_S = 10 + 15
 
 
 def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) -> None:
     fleet: Fleet = deploy(cluster, "--generation.factory.step_time_s", "0.01",
+                          "--reasoner.factory.stall_timeout_s", str(STALL_S),
+                          "--generation.factory.stall_timeout_s", str(STALL_S),
                           router="round_robin", health_check_s=CHECK_S)
     before = fleet.by_id()
     first, second = sorted(before)  # round robin takes them in this order
@@ -68,7 +73,7 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
         # Its stages hear no heartbeat from it: they exit with their children, so their GPUs
         # are freed whether or not Ray ever kills the stopped process.
         for stage in stages:
-            deadline = time.monotonic() + STAGES_EXIT_WITHIN_S
+            deadline = frozen + STAGES_EXIT_WITHIN_S
             while not gone(stage) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert gone(stage), stage
