@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from sglang_omni.runtime.proc import kill_led_group
+
 SCRIPTED_UMM = ["--config", str(Path(__file__).parent.parent / "configs" / "cpu-scripted.yaml")]
 SCRIPTED_CHAT = ["--text-only", "--reasoner.gpu", "null", "--reasoner.factory.backend",
                  "scripted"]
@@ -34,26 +36,10 @@ unmarked_test: str | None = None
 PORT_ATTEMPTS = 3
 
 
-def running(proc: psutil.Process) -> bool:
-    """Whether ``proc`` still runs (not exited, not a zombie). A process, not a pid: psutil
-    tells a later process given the same pid (pids wrap at 32768 here) from it."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def kill_own_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Signal what is left of the process group ``proc`` leads (started with
-    ``start_new_session``). Once ``proc`` is reaped its pid is free: while members of its group
-    live, the kernel gives no process that number; when none do, a later process may have it
-    (pids wrap at 32768 here) and lead a group of its own, which is never signalled."""
-    if proc.returncode is not None and psutil.pid_exists(proc.pid):
-        return  # reaped, and its number taken by another process: the group is gone
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Signal ``proc`` (started with ``start_new_session``) and what is left of its group, never
+    a later process given its pid (see :func:`~sglang_omni.runtime.proc.kill_led_group`)."""
+    kill_led_group(proc.pid, proc.returncode is not None, sig)
 
 
 class PortTaken(RuntimeError):

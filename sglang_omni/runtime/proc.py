@@ -7,20 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Protocol
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
-
-
-class Leader(Protocol):
-    """A child process that leads a process group of its own (a stage: ``setpgid(0, 0)``):
-    ``exitcode`` is None until it has exited and been reaped."""
-
-    @property
-    def pid(self) -> int | None: ...
-
-    @property
-    def exitcode(self) -> int | None: ...
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -42,37 +32,23 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         return
 
 
-def kill_led_group(leader: Leader, sig: int = signal.SIGKILL) -> None:
-    """Signal ``leader`` and what is left of its process group (its children).
+def kill_led_group(pid: int | None, reaped: bool, sig: int = signal.SIGKILL) -> None:
+    """Signal the child ``pid``, which leads a process group of its own, and what is left of
+    its group (its children); ``reaped``: the child has exited and been waited for.
 
     Once the leader is reaped its pid is free for reuse, except while members of its group live
     (the kernel gives the number of a live group to no process). So a process numbered so after
     the leader was reaped is another's, perhaps leading a group of its own (pids wrap at 32768 by
     default): it and its group are left alone. A leader not reaped yet is signalled itself too
     (it may not have made its group yet)."""
-    pid = leader.pid
-    if not pid:
-        return
-    if leader.exitcode is not None:  # reaped
-        if _exists(pid):
-            return
-        kill_group(pid, sig)
+    if not pid or (reaped and psutil.pid_exists(pid)):
         return
     kill_group(pid, sig)
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    if not reaped:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
 
 
 def start_idle_child() -> subprocess.Popen:

@@ -172,7 +172,7 @@ class StageHandle:
             await self._await_ready()
         except (StageStartupError, asyncio.CancelledError):
             if proc is not None:  # make sure the failed attempt is gone
-                kill_led_group(proc)
+                _kill_stage_group(proc)
                 await _join(proc, 5.0)
             raise
 
@@ -464,7 +464,7 @@ class StageHandle:
         log.error("the %s stage %s; failing %d in-flight request(s) and killing it", self.name,
                   what, len(self._pending))
         self._fail_all(message)
-        kill_led_group(self._process)
+        _kill_stage_group(self._process)
 
     def _fail_all(self, message: Callable[[str], str]) -> None:
         for rid, pending in list(self._pending.items()):
@@ -488,7 +488,7 @@ class StageHandle:
         self.dead = True
         self._end_aborting()
         self.ready = False
-        kill_led_group(self._process)  # its children go with it
+        _kill_stage_group(self._process)  # its children go with it
         if self._ready_future and not self._ready_future.done():
             self._ready_future.set_exception(StageStartupError(
                 f"the {self.name} stage exited with code {self.exitcode} before it was ready; "
@@ -524,13 +524,18 @@ class StageHandle:
             self._post({"op": "shutdown"})
             await _join(proc, grace_s)
         if proc.is_alive():
-            kill_led_group(proc, signal.SIGTERM)
+            _kill_stage_group(proc, signal.SIGTERM)
             await _join(proc, 3.0)
-        kill_led_group(proc)
+        _kill_stage_group(proc)
         await _join(proc, 3.0)
         self._sender.shutdown(wait=False)
         if self._channel is not None:
             self._channel.close()
+
+
+def _kill_stage_group(proc: mp.process.BaseProcess, sig: int = signal.SIGKILL) -> None:
+    """Signal a stage process and the children left in its group (``exitcode`` reaps it)."""
+    kill_led_group(proc.pid, proc.exitcode is not None, sig)
 
 
 async def _join(proc: mp.process.BaseProcess, timeout: float) -> None:

@@ -15,9 +15,10 @@ import httpx
 import psutil
 import pytest
 
+from sglang_omni.engines.native.lifecycle import running
 from tests.chat.kit import CHAT, TEXT_ONLY, chat, metric, say, sse_events
 from tests.kit import wait_until
-from tests.server import Server, running
+from tests.server import Server
 
 SLOW = {"delay_s": 30}
 NATIVE_LIKE = [*TEXT_ONLY, "--reasoner.factory.children", "2",

@@ -7,12 +7,11 @@ import contextlib
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 
 import psutil
 
+from sglang_omni.engines.native.lifecycle import running
 from sglang_omni.runtime.proc import kill_led_group
-from tests.server import running
 
 #: A group leader that starts a child and exits, leaving the child in its group.
 LEAVES_A_CHILD = """
@@ -21,14 +20,6 @@ os.setpgid(0, 0)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)
 """
-
-
-@dataclass
-class Reaped:
-    """A leader that has exited and been reaped, as ``multiprocessing.Process`` says so."""
-
-    pid: int
-    exitcode: int = 0
 
 
 def wait_gone(proc: psutil.Process, timeout: float = 10) -> bool:
@@ -45,7 +36,7 @@ def test_the_children_a_reaped_leader_left_in_its_group_are_killed() -> None:
     try:
         assert leader.wait(10) == 0
         assert running(child)
-        kill_led_group(Reaped(leader.pid))
+        kill_led_group(leader.pid, reaped=True)
         assert wait_gone(child)
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -59,7 +50,7 @@ def test_a_process_given_a_reaped_leaders_pid_is_left_alone() -> None:
                                 start_new_session=True)
     try:
         proc = psutil.Process(stranger.pid)
-        kill_led_group(Reaped(stranger.pid))
+        kill_led_group(stranger.pid, reaped=True)
         time.sleep(0.3)
         assert running(proc)
     finally:
@@ -71,16 +62,8 @@ def test_a_leader_not_reaped_yet_is_killed_even_before_it_made_its_group() -> No
     plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     proc = psutil.Process(plain.pid)
 
-    @dataclass
-    class Running:
-        pid: int = plain.pid
-
-        @property
-        def exitcode(self) -> int | None:
-            return plain.poll()
-
     try:
-        kill_led_group(Running())
+        kill_led_group(plain.pid, reaped=False)
         assert wait_gone(proc)
     finally:
         plain.kill()

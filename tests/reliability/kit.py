@@ -17,9 +17,10 @@ from typing import Any
 import httpx
 import psutil
 
+from sglang_omni.engines.native.lifecycle import running
 from tests.kit import parse_sse
 from tests.kit import script as script  # shared; re-exported for the reliability tests
-from tests.server import Server, running
+from tests.server import Server
 
 #: Every status a client may see (500 only in the JSON error shape).
 DOCUMENTED = {200, 400, 401, 404, 405, 408, 413, 415, 499, 500, 503}

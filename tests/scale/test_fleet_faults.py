@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("ray")
 
+from sglang_omni.engines.native.lifecycle import running  # noqa: E402
 from sglang_omni.scale.gateway import REPLICA_DIED  # noqa: E402
 from tests.kit import parse_sse, script  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
-from tests.server import running  # noqa: E402
 
 GEN = {"generation": {"width": 32, "height": 32, "seed": 3}}
 ENDS_WITHIN_S = 5.0

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import psutil
 
+from sglang_omni.engines.native.lifecycle import running
 from tests.kit import metric, wait_until
-from tests.server import Server, running
+from tests.server import Server
 
 HTTP = httpx.Client(timeout=30)
 ENDS_WITHIN_S = 5.0  # the issue asks for ~2 s; generous for a shared, noisy machine

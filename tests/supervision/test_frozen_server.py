@@ -11,7 +11,8 @@ import time
 
 import psutil
 
-from tests.server import SCRIPTED_UMM, Server, running
+from sglang_omni.engines.native.lifecycle import running
+from tests.server import SCRIPTED_UMM, Server
 from tests.supervision.kit import fast
 
 EXIT_WITHIN_S = 10 + 15  # stage_process.MIN_SERVER_SILENCE_S, and a loaded machine

@@ -23,18 +23,18 @@ def process_probe(proc: BaseProcess) -> ExitProbe:
     return lambda: proc.exitcode
 
 
+def running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs, without reaping it: a zombie has exited, and a later
+    process given the same pid is not ``proc`` (psutil checks its start time)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def psutil_probe(proc: psutil.Process) -> ExitProbe:
     """Probe any process by pid without reaping it; a zombie counts as exited."""
-
-    def probe() -> int | None:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                return None
-        except psutil.NoSuchProcess:
-            pass
-        return UNKNOWN_EXIT
-
-    return probe
+    return lambda: None if running(proc) else UNKNOWN_EXIT
 
 
 def exited(probes: Mapping[str, ExitProbe]) -> str | None:
