@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sglang_omni.engines.native.root_logging import kept_root_logging
 from sglang_omni.errors import NativeRefusal
 
 DRIVER_ENV = "SGLANG_OMNI_DIFFUSION_DRIVER"
@@ -129,16 +130,9 @@ class SGLangDiffusion:
         load_plugins()
 
     def start(self, server_kwargs: dict[str, Any]) -> None:
-        # launch_server replaces the root logger's handlers with its own; the stage's are put
-        # back so its log keeps one format (native's records included).
-        root = logging.getLogger()
-        handlers, level = list(root.handlers), root.level
-        try:
+        with kept_root_logging():  # native installs its own root handlers
             self.generator = self._generator_cls().from_pretrained(local_mode=True,
                                                                    **server_kwargs)
-        finally:
-            root.handlers[:] = handlers
-            root.setLevel(level)
 
     def workers(self) -> list[WorkerProcess]:
         return list(self.generator.local_scheduler_process or [])

@@ -47,6 +47,7 @@ from sglang_omni.engines.native.reasoner_request import (
     new_native_rid,
     refusal_from_error_body,
 )
+from sglang_omni.engines.native.root_logging import kept_root_logging
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
 from sglang_omni.engines.result import StageResult
@@ -102,7 +103,8 @@ class NativeReasoner:
         for warning in self.args.warnings:
             log.warning(warning)
         before = set(multiprocessing.active_children())
-        self.engine = self._engine_factory(dict(self.args.kwargs))
+        with kept_root_logging():  # native's configure_logger replaces the root handlers
+            self.engine = self._engine_factory(dict(self.args.kwargs))
         self._children = self._native_children(before)
         manager = self.engine.tokenizer_manager
         self.chat = OpenAIServingChat(manager, self.engine.template_manager)
