@@ -15,6 +15,9 @@ from sglang_omni.errors import BadRequest
 #: The native action route's defaults (``build_cosmos3_action_sampling_params``).
 DEFAULT_HORIZON = 16
 ACTION_MODES = ("policy", "inverse_dynamics")
+#: The Cosmos3 transformer's action width (``Cosmos3VideoArchConfig.action_dim``): an action is
+#: padded to it and sliced to ``raw_action_dim``, which native keeps within ``[1, 64]``.
+MODEL_ACTION_DIM = 64
 
 
 def action_fields(request: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +53,8 @@ def plan_action(fields: dict[str, Any]) -> ActionPlan:
     if mode not in ACTION_MODES:
         raise BadRequest("Cosmos3 action endpoint supports action_mode='policy' or "
                          "'inverse_dynamics'")
-    horizon = int(fields.get("action_horizon", DEFAULT_HORIZON))
+    given = fields.get("action_horizon")
+    horizon = DEFAULT_HORIZON if given is None else int(given)
     if horizon <= 0 or horizon % 4:
         raise BadRequest("Cosmos3 action_horizon must be divisible by 4 so num_frames is "
                          "compatible with the temporal VAE")
@@ -60,6 +64,9 @@ def plan_action(fields: dict[str, Any]) -> ActionPlan:
         raise BadRequest("Cosmos3 action requests require domain_name or domain_id")
     if domain_id is not None and not domain_name and raw_dim is None:
         raise BadRequest("raw_action_dim is required when only domain_id is provided")
+    if raw_dim is not None and not 0 < int(raw_dim) <= MODEL_ACTION_DIM:
+        raise BadRequest(f"raw_action_dim must be in [1, {MODEL_ACTION_DIM}], got "
+                         f"{int(raw_dim)}"[:200])
     return ActionPlan(mode, horizon, str(domain_name) if domain_name else None,
                       None if domain_id is None else int(domain_id),
                       None if raw_dim is None else int(raw_dim))

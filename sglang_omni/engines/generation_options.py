@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_omni.engines.actions import MODEL_ACTION_DIM
 from sglang_omni.errors import BadRequest
 
 INT, NUM, STR, BOOL, LIST = (int,), (int, float), (str,), (bool,), (list,)
@@ -50,6 +51,9 @@ def check_option_value(where: str, key: str, value: Any) -> None:
         raise BadRequest(f"{where}: expected {names}, got {value!r}")
     if key in POSITIVE and isinstance(value, int) and value <= 0:
         raise BadRequest(f"{where}: expected a positive integer, got {value!r}")
+    if key == "raw_action_dim" and isinstance(value, int) and not 0 < value <= MODEL_ACTION_DIM:
+        raise BadRequest(f"{where}: expected 1 to {MODEL_ACTION_DIM} (the model's action "
+                         f"width), got {value!r}"[:300])
 
 
 def check_generation_options(options: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from sglang_omni.engines.actions import action_fields, plan_action
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import ServerError
 from sglang_omni.media.action_refs import action_media_refs
@@ -51,6 +52,7 @@ def check_action(ctx: DirectContext, body: dict[str, Any]) -> dict[str, Any]:
     check_media_refs(action_media_refs(checked), ctx.policy)  # the request-wide count and bytes
     check_generation_limits(action_options(checked), ctx.settings, video=True,
                             defaults=ACTION_DEFAULTS, multiple=ctx.multiple)
+    plan_action(action_fields(checked))  # native's own checks, before the stage sees it
     return checked
 
 

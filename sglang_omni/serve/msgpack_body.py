@@ -28,6 +28,7 @@ from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
 from sglang_omni.serve.request_body import (
     THREAD_PARSE_BYTES,
+    check_depth,
     check_wire_value,
     join_path,
     read_body,
@@ -130,6 +131,7 @@ def decode_msgpack(raw: bytes, max_depth: int, binary_ok: Collection[str] = (),
         raise BadRequest(f"the body is not valid msgpack: {exc}") from None
     except RecursionError:
         raise BadRequest("the msgpack body is nested too deeply") from None
+    check_depth(value, max_depth)  # first: from_native recurses
     value = from_native(value, binary_ok)
     check_wire_value(value, max_depth)
     return value

@@ -168,6 +168,19 @@ def lone_surrogate(text: str) -> bool:
     return not text.isascii() and _LONE_SURROGATE.search(text) is not None
 
 
+def check_depth(value: Any, max_depth: int) -> None:
+    """400 when ``value`` nests lists or mappings deeper than ``max_depth`` (iterative: any
+    depth is safe to check, so recursive code may run on a value that passed)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise _too_deep(max_depth)
+            stack.extend((child, depth + 1)
+                         for child in (item.values() if isinstance(item, dict) else item))
+
+
 def _too_deep(max_depth: int) -> BadRequest:
     return BadRequest(f"the request body is nested deeper than {max_depth} levels "
                       "(server.max_json_depth); flatten it or raise the limit")

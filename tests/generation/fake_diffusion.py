@@ -84,6 +84,8 @@ def _action(request: dict[str, Any], folder: str, step_s: float) -> tuple[str, A
     params = request.get("parameters") or {}
     if "domain_name" not in params and "domain_id" not in params:
         return "refused", "Cosmos3 action requests require domain_name or domain_id"
+    if params.get("domain_name") not in (None, "droid_lerobot"):  # native's embodiment table
+        return "refused", f"unknown embodiment {params['domain_name']!r}"
     try:
         _denoise(folder, int(params.get("num_inference_steps", 4)), step_s)
     except plugin.GenerationCancelled as exc:

@@ -130,9 +130,15 @@ def test_action_goes_to_the_native_action_route(server: Server, dirs: tuple[Path
     assert body["model"] != "fake"  # Omni's served model name
     assert body["image"].endswith(".png") and body["image"] != still  # materialized for native
     refused = HTTP.post(f"{server.url}/v1/actions/generations",
-                        json={"input": {"task": "pick"}, "parameters": {}})
+                        json={"input": {"task": "pick"}, "parameters": {"domain_name": "mars"}})
     assert refused.status_code == 400
     assert "native SGLang refused the request" in error_of(refused)["message"]
+    assert "unknown embodiment 'mars'" in error_of(refused)["message"]
+    early = HTTP.post(f"{server.url}/v1/actions/generations",  # native's check, before work
+                      json={"input": {"task": "pick"}, "parameters": {}})
+    assert early.status_code == 400
+    assert error_of(early)["message"] == \
+        "Cosmos3 action requests require domain_name or domain_id"
     assert list(out.iterdir()) == []
 
 

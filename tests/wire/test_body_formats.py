@@ -171,12 +171,16 @@ def test_bad_msgpack_values_are_400(value: object, says: str) -> None:
         decode_msgpack(msgpack.packb(value, use_bin_type=True), 64)
 
 
-def test_msgpack_depth_and_syntax() -> None:
+@pytest.mark.parametrize("levels", [70, 600])
+def test_msgpack_nested_too_deep_is_400(levels: int) -> None:
     deep: object = []
-    for _ in range(70):
+    for _ in range(levels):
         deep = [deep]
     with pytest.raises(BadRequest, match="max_json_depth"):
         decode_msgpack(msgpack.packb({"a": deep}), 64)
+
+
+def test_msgpack_depth_and_syntax() -> None:
     with pytest.raises(BadRequest, match="not valid msgpack"):
         decode_msgpack(b"\xc1", 64)
     assert decode_msgpack(msgpack.packb({"f": b"\x89PNG"}), 64, binary_ok={"f"}) == \

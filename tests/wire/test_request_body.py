@@ -47,6 +47,15 @@ def test_json_content_types_and_none_are_read(limited: Server) -> None:
     assert resp.status_code == 400 and "messages" in error_of(resp)["message"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_messages_null_is_400(limited: Server, stream: bool) -> None:
+    resp = HTTP.post(f"{limited.url}/v1/chat/completions",
+                     json={"messages": None, "stream": stream})
+    assert resp.status_code == 400, resp.text
+    assert error_of(resp)["message"] == \
+        "messages: expected a non-empty list of chat messages"
+
+
 @pytest.mark.parametrize("levels", [100_000, 1000, 65])
 def test_deep_nesting_is_400(limited: Server, levels: int) -> None:
     body = b'{"prompt": "hi", "stage_params": {"reasoner": ' + b"[" * levels + b"]" * levels \

@@ -48,6 +48,10 @@ def test_image_route_limits(server: Server, body: dict, says: tuple[str, ...]) -
     ({"seconds": 100}, ("2400 frames", "server.max_frames")),
     ({"num_frames": 40, "fps": 1}, ("40 s of video", "server.max_video_seconds")),
     ({"model": 5}, ("model: expected a string",)),
+    ({"num_frames": 5, "fps": 2**31}, ("fps: 2147483648 frames per second", "at most 240")),
+    ({"num_frames": 5, "fps": 2**63}, ("fps:", "at most 240")),
+    ({"action_mode": "forward_dynamics", "raw_action_dim": 2**62, "action_horizon": 4},
+     ("raw_action_dim: expected 1 to 64",)),
 ])
 def test_video_route_limits_and_fields(server: Server, body: dict, says: tuple[str, ...]) -> None:
     refused_before_work(server, "/v1/videos", {"prompt": "wave", **body}, *says)
@@ -69,6 +73,13 @@ def test_video_route_limits_and_fields(server: Server, body: dict, says: tuple[s
      "server.max_pixels"),
     ({"input": {"task": "t"}, "parameters": {**DROID, "action_horizon": 400}},
      "server.max_frames"),
+    ({"task": "t", "domain_name": "droid_lerobot", "raw_action_dim": 2**62},
+     "raw_action_dim must be in [1, 64], got 4611686018427387904"),
+    ({"input": {"task": "t"}, "parameters": {**DROID, "raw_action_dim": 65}},
+     "raw_action_dim must be in [1, 64]"),
+    ({"input": {"task": "t"}, "parameters": {**DROID, "action_horizon": 6}},
+     "action_horizon must be divisible by 4"),
+    ({"input": {"task": "t"}, "parameters": {**DROID, "fps": 2**40}}, "at most 240"),
 ])
 def test_action_route_field_types_and_limits(server: Server, body: dict, says: str) -> None:
     refused_before_work(server, "/v1/actions/generations", body, says)
@@ -90,6 +101,14 @@ def test_action_route_field_types_and_limits(server: Server, body: dict, says: s
 def test_action_route_media_shapes_pass_the_policy(server: Server, body: dict,
                                                    says: str) -> None:
     refused_before_work(server, "/v1/actions/generations", body, says)
+
+
+def test_a_null_horizon_is_the_default(server: Server) -> None:
+    resp = HTTP.post(f"{server.url}/v1/actions/generations",
+                     json={"input": {"task": "t"}, "parameters": {**DROID,
+                                                                 "action_horizon": None}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["data"][0]["action"]["shape"] == [16, 8]
 
 
 def test_engine_exception_text_never_reaches_the_client(server: Server) -> None:

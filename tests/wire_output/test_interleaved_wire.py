@@ -64,6 +64,8 @@ def test_every_503_carries_retry_after(server: Server) -> None:
                                      "server.max_inference_steps")),
     ({"num_frames": 100000}, ("stage_params.generation.num_frames", "server.max_frames")),
     ({"num_frames": 200, "fps": 2}, ("100 s of video", "server.max_video_seconds")),
+    ({"fps": 2**63}, ("stage_params.generation.fps: 9223372036854775808", "at most 240")),
+    ({"raw_action_dim": 2**62}, ("stage_params.generation.raw_action_dim: expected 1 to 64",)),
 ])
 def test_generation_limits_before_the_first_turn(server: Server, options: dict,
                                                  says: tuple[str, ...]) -> None:

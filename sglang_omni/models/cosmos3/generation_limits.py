@@ -1,5 +1,6 @@
 """The server's generation limits (``server.max_pixels``, ``max_frames``,
-``max_inference_steps``, ``max_video_seconds``, ``max_aspect_ratio``), checked before any work.
+``max_inference_steps``, ``max_video_seconds``, ``max_aspect_ratio``, and a frame rate of at
+most :data:`MAX_FPS`), checked before any work.
 
 One rule for every way a generation is asked for: ``stage_params.generation`` of an interleaved
 request (before the Reasoner's first turn) and the direct image, video and action routes. A
@@ -40,6 +41,9 @@ ACTION_DEFAULTS = Defaults(832, 480, 17, 5)
 #: Width and height multiples the generation backends need (the diffusers Cosmos3 pipeline of
 #: the ``hf`` backend: the VAE's spatial scale factor, ``engines/hf/generation.SIZE_MULTIPLE``).
 SIZE_MULTIPLE_BY_BACKEND = {"hf": 16}
+#: The highest frame rate a generated video may ask for (the MP4 encoder takes a rate up to
+#: 2**31; players and the models' training, far less).
+MAX_FPS = 240
 #: The Reasoner's image processor refuses images whose aspect ratio is 200 or more, so an
 #: interleaved request cannot feed such an image back to it.
 REASONER_MAX_ASPECT = 200
@@ -105,6 +109,9 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
         raise _over(f"{where}num_frames", f"{frames} frames", settings.max_frames, "max_frames",
                     "ask for fewer frames")
     fps = _int(options, "fps") or defaults.fps
+    if fps > MAX_FPS:
+        raise BadRequest(f"{where}fps: {fps} frames per second; a video plays at most "
+                         f"{MAX_FPS}, ask for fewer"[:300])
     seconds = frames / fps
     if seconds > settings.max_video_seconds:
         raise _over(f"{where}num_frames / {where}fps",

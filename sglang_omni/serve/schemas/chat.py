@@ -48,7 +48,7 @@ MESSAGE = {
                                          {"type": "array", "items": CONTENT_PART}]}},
 }
 MESSAGES = checked(check_messages, {"type": "array", "items": MESSAGE, "minItems": 1},
-                   "messages")
+                   "messages", null_is_unset=False)  # chat's one required field
 STAGE_TABLE = {"type": "object", "additionalProperties": {"type": "object"},
                "description": "stage name -> native fields of that stage"}
 STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}

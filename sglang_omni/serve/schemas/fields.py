@@ -33,14 +33,16 @@ class Checked:
     """Field metadata (``Annotated[Any, Checked(...)]``): any JSON value that passes ``rule``
     (which raises BadRequest; None checks nothing), documented by ``schema``. A message that
     starts with ``"<key>: "`` loses that prefix (the 400 names the field path itself). ``None``
-    is not checked: null means unset."""
+    is not checked: null means unset, except for a field that ``null_is_unset`` False makes
+    required even as null (``rule`` then judges null too)."""
 
     rule: Callable[[Any], object] | None
     schema: dict[str, Any]
     key: str = ""
+    null_is_unset: bool = True
 
     def validate(self, value: Any) -> Any:
-        if value is None or self.rule is None:
+        if value is None and self.null_is_unset or self.rule is None:
             return value
         try:
             self.rule(value)
@@ -59,9 +61,10 @@ class Checked:
         return dict(self.schema)
 
 
-def checked(rule: Callable[[Any], object], schema: dict[str, Any], key: str = "") -> Checked:
+def checked(rule: Callable[[Any], object], schema: dict[str, Any], key: str = "",
+            null_is_unset: bool = True) -> Checked:
     """See :class:`Checked`."""
-    return Checked(rule, schema, key)
+    return Checked(rule, schema, key, null_is_unset)
 
 
 def documented(schema: dict[str, Any], description: str = "") -> Checked:
