@@ -60,6 +60,11 @@ class ServerSettings:
     header_timeout_s: float = 10.0
     #: Seconds a client may take to send a request's body.
     body_timeout_s: float = 60.0
+    #: Seconds a WebSocket client may leave what the server sends unread once the connection's
+    #: send buffer is full (a realtime video chunk, say); then it is disconnected and what was
+    #: buffered for it dropped, so a client that stopped reading holds neither its session nor
+    #: the server's memory.
+    send_timeout_s: float = 60.0
     #: Seconds between SSE keep-alive comments while a stream has nothing to send (0: off).
     sse_keepalive_s: float = 15.0
     #: Seconds a 503 answer tells the client to wait (Retry-After).
@@ -78,7 +83,7 @@ _MINIMUM: dict[str, float] = {
     "media_fetch_timeout_s": 0.001, "media_fetch_deadline_s": 0.001,
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
-    "body_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
+    "body_timeout_s": 0.001, "send_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
 }
 KEYS = tuple(f.name for f in fields(ServerSettings))
 

@@ -119,7 +119,9 @@ def protocol_for(settings: ServerSettings) -> type[GuardedH11Protocol]:
 def uvicorn_options(settings: ServerSettings, budget: BodyBudget) -> dict[str, Any]:
     """uvicorn.Config keywords for ``settings``: protocol, idle timeout, head size, the largest
     WebSocket message (``server.max_body_bytes``, as for a request body), and the WebSocket
-    protocol that counts the message bytes it buffers in ``budget`` (the app's body budget)."""
+    protocol that counts the message bytes it buffers in ``budget`` (the app's body budget)
+    and drops a client that reads nothing for ``server.send_timeout_s``."""
     return {"http": protocol_for(settings), "timeout_keep_alive": settings.idle_timeout_s,
             "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
-            "ws_max_size": settings.max_body_bytes, "ws": ws_protocol_for(budget)}
+            "ws_max_size": settings.max_body_bytes,
+            "ws": ws_protocol_for(budget, settings.send_timeout_s)}

@@ -9,14 +9,21 @@ take gigabytes outside ``server.max_pending_body_bytes``. Each connection here h
 and as the app takes messages, and given back when the connection ends. A connection whose
 buffered bytes do not fit beside the other bodies being read is closed with 1013 (try again
 later), a reason naming the limit, and its bytes are dropped; the app sees a disconnect.
+
+A client that stops reading makes the connection's send buffer fill and the app's next send
+wait. It waits at most ``server.send_timeout_s``: then the connection is aborted (what it
+buffered for the client is dropped) and the send fails as for a client that left, so a client
+that stopped reading holds neither its session nor the server's memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from typing import Any, ClassVar
 
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from sglang_omni.errors import ServiceUnavailable
@@ -29,10 +36,12 @@ OVER_BUDGET_REASON = "server busy reading other requests (max_pending_body_bytes
 
 
 class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's WebSocket protocol, its buffered message bytes under :attr:`budget` (a class
-    attribute: :func:`ws_protocol_for` makes the class of a server)."""
+    """uvicorn's WebSocket protocol, its buffered message bytes under :attr:`budget`, a send
+    waiting at most :attr:`send_timeout_s` for an unread client (class attributes:
+    :func:`ws_protocol_for` makes the class of a server)."""
 
     budget: ClassVar[BodyBudget]
+    send_timeout_s: ClassVar[float]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -64,6 +73,19 @@ class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._charge()
         return message
 
+    async def send(self, message: Any) -> None:
+        if not self.writable.is_set() and not self.disconnected:
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await self.writable.wait()
+            except TimeoutError:
+                log.warning("WebSocket %s: the client read nothing for %g s "
+                            "(server.send_timeout_s); disconnecting it",
+                            self.scope.get("path", "?"), self.send_timeout_s)
+                self.transport.abort()
+                raise ClientDisconnected() from None
+        await super().send(message)
+
     def connection_lost(self, exc: Exception | None) -> None:
         try:
             super().connection_lost(exc)
@@ -94,6 +116,9 @@ class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
         self.handle_parser_exception()
 
 
-def ws_protocol_for(budget: BodyBudget) -> type[BudgetedWebSocketProtocol]:
-    """The protocol class for ``uvicorn.Config(ws=...)`` charging ``budget``."""
-    return type("ServerWebSocketProtocol", (BudgetedWebSocketProtocol,), {"budget": budget})
+def ws_protocol_for(budget: BodyBudget, send_timeout_s: float
+                    ) -> type[BudgetedWebSocketProtocol]:
+    """The protocol class for ``uvicorn.Config(ws=...)`` charging ``budget``, its sends
+    waiting at most ``send_timeout_s`` for a client that reads nothing."""
+    return type("ServerWebSocketProtocol", (BudgetedWebSocketProtocol,),
+                {"budget": budget, "send_timeout_s": send_timeout_s})

@@ -5,10 +5,14 @@ per-connection limits (message size, media policy, generation limits, the API ke
 from __future__ import annotations
 
 import base64
+import os
+import socket
+import struct
 import time
 from typing import Any
 
 import msgpack
+import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
@@ -206,3 +210,39 @@ def test_a_session_opened_as_the_last_one_ends_waits_for_its_slot() -> None:
             again.send(msgpack.packb({**INIT, "max_chunks": 1, "num_inference_steps": 1}))
             assert recv(again)["type"] == "frame_batch"
         assert metric(slow, "aborted") == 1
+
+
+def _silent_session(server: Server) -> socket.socket:
+    """A realtime video session whose client never reads (a small receive buffer, big chunks)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET /v1/realtime_video/generate HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                 "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    assert sock.recv(12) == b"HTTP/1.1 101"
+    init = msgpack.packb({**INIT, "prompt": "!size=3000000 sea", "max_chunks": 1000})
+    sock.sendall(bytes([0x82, 0x80 | 126]) + struct.pack(">H", len(init)) + b"\0\0\0\0" + init)
+    return sock
+
+
+def test_a_client_that_stops_reading_loses_its_session() -> None:
+    with scripted_server("--generation.factory.step_time_s", "0.01",
+                         "--server.send_timeout_s", "2") as server:
+        silent = _silent_session(server)
+        try:
+            wait_for(lambda: metric(server, "submitted") >= 1, timeout=10)  # chunks are made
+            deadline = time.monotonic() + 30
+            while True:  # refused (1008) while the silent client holds the slot
+                with ws(server, "/v1/realtime_video/generate") as other:
+                    other.send(msgpack.packb({**INIT, "max_chunks": 1}))
+                    if recv(other)["type"] == "frame_batch":
+                        break
+                assert time.monotonic() < deadline, "the silent client kept its session"
+            assert "read nothing for 2 s (server.send_timeout_s)" in server.log()
+            mine = silent.getsockname()[1]  # the server dropped the connection and its buffers
+            wait_for(lambda: all(c.raddr.port != mine for c in psutil.Process(
+                server.proc.pid).net_connections(kind="tcp") if c.raddr), timeout=10)
+        finally:
+            silent.close()
