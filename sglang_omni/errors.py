@@ -113,6 +113,15 @@ class StageRestarting(ServiceUnavailable):
     """A stage process is being restarted after it exited; retry shortly."""
 
 
+class ShuttingDown(ServiceUnavailable):
+    """The server is stopping (SIGTERM or SIGINT): it takes no new request and ends those still
+    running after its grace period; another server can take the request."""
+
+    def __init__(self, message: str = "the server is shutting down; retry on another server"
+                 ) -> None:
+        super().__init__(message)
+
+
 # --- server errors -------------------------------------------------------------------------------
 class ServerError(OmniError):
     """The server failed the request (a stage died, a model produced no output, a limit was hit)."""

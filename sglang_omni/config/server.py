@@ -69,6 +69,10 @@ class ServerSettings:
     sse_keepalive_s: float = 15.0
     #: Seconds a 503 answer tells the client to wait (Retry-After).
     retry_after_s: int = 5
+    #: Seconds the requests in flight may still run after SIGTERM or SIGINT (new ones get 503
+    #: meanwhile); the server then ends those still running with 503 "the server is shutting
+    #: down" (a stream with its error event and [DONE]) and exits.
+    shutdown_grace_s: float = 5.0
 
     def to_dict(self) -> dict[str, Any]:
         """The settings for ``sgl-omni config resolve``; the key itself is never printed."""
@@ -84,6 +88,7 @@ _MINIMUM: dict[str, float] = {
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
     "body_timeout_s": 0.001, "send_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
+    "shutdown_grace_s": 0,
 }
 KEYS = tuple(f.name for f in fields(ServerSettings))
 

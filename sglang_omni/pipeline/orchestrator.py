@@ -4,7 +4,9 @@ Stage processes are executors; the orchestrator starts them, hands out request i
 media policy and admission, and routes each request by the pipeline's mode. Interleaved
 requests are run by the UMM controller. When any stage process dies, every admitted
 interleaved request fails at once with ``StageDied``, whichever stage it is waiting on (a
-Reasoner turn, the generation queue or a generation).
+Reasoner turn, the generation queue or a generation). Server shutdown ends the requests still
+running the same way, after its grace period (:meth:`Orchestrator.drain`): each fails with
+``ShuttingDown`` (503) and its stage job is aborted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any, cast
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
 from sglang_omni.engines.result import Frames, StageResult
-from sglang_omni.errors import ConfigError, ServiceUnavailable, StageDied, StageRestarting
+from sglang_omni.errors import (
+    ConfigError,
+    OmniError,
+    ServiceUnavailable,
+    ShuttingDown,
+    StageDied,
+    StageRestarting,
+)
 from sglang_omni.media import MediaPolicy
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest
@@ -45,13 +54,14 @@ log = logging.getLogger("sglang_omni.orchestrator")
 
 
 class _Doom:
-    """Set when a stage an admitted request depends on died; its dispatches then fail."""
+    """Set when a stage an admitted request depends on died, or the server ended it at
+    shutdown; its dispatches then fail with ``error``."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
-        self.error: StageDied | None = None
+        self.error: OmniError | None = None
 
-    def fail(self, error: StageDied) -> None:
+    def fail(self, error: OmniError) -> None:
         if self.error is None:
             self.error = error
             self.event.set()
@@ -104,6 +114,8 @@ class Orchestrator:
         #: the CLI) then stops the server, which exits non-zero.
         self.fatal_error: str | None = None
         self.on_fatal: Callable[[], None] | None = None
+        #: True once the server began shutting down (:meth:`drain`): new requests get 503.
+        self.stopping = False
         for handle in self.stages.handles.values():
             handle.death_listeners.append(self._on_stage_death)
         if issubclass(self.pipeline, UMMPipelineConfig):
@@ -128,6 +140,28 @@ class Orchestrator:
 
     async def stop(self) -> None:
         await self.stages.stop()
+
+    async def drain(self, grace_s: float) -> None:
+        """Server shutdown (SIGTERM, SIGINT): refuse new requests with 503 from now on, let
+        those in flight run ``grace_s`` seconds, then :meth:`end_in_flight`."""
+        self.stopping = True
+        log.info("shutting down: new requests get 503; requests in flight may run %g s more",
+                 grace_s)
+        await asyncio.sleep(grace_s)
+        self.end_in_flight()
+
+    def end_in_flight(self) -> None:
+        """End every request still running with ShuttingDown (503), as a stage death fails
+        them: each stage's calls fail and their jobs are aborted (later calls fail at once),
+        and every admitted interleaved request fails wherever it waits."""
+        def shutting_down(_rid: str) -> ShuttingDown:
+            return ShuttingDown()
+
+        calls = sum(h.end_calls(shutting_down) for h in self.stages.handles.values())
+        if calls or self._doom:
+            log.warning("shutting down: ending %d stage call(s) and %d interleaved request(s) "
+                        "still running with 503", calls, len(self._doom))
+        self._fail_admitted(shutting_down)
 
     @property
     def healthy(self) -> bool:
@@ -167,13 +201,21 @@ class Orchestrator:
         them when their runs end)."""
         after = "it is restarting; retry shortly" if handle.restarting \
             else "the server is unhealthy and needs a restart"
+        self._fail_admitted(lambda rid: StageDied(
+            f"the {handle.name} stage process exited (code {handle.exitcode}) while request "
+            f"{rid} was in flight; {after}"))
+
+    def _fail_admitted(self, error_of: Callable[[str], OmniError]) -> None:
+        """Fail every admitted interleaved request with ``error_of(rid)`` (its dispatch in
+        progress is cancelled, its next one raises)."""
         for rid, doom in self._doom.items():
-            doom.fail(StageDied(f"the {handle.name} stage process exited (code "
-                                f"{handle.exitcode}) while request {rid} was in flight; {after}"))
+            doom.fail(error_of(rid))
 
     def check_healthy(self) -> None:
         """ServiceUnavailable (503) unless every stage is ready; StageRestarting while the
-        stages that are down are being restarted."""
+        stages that are down are being restarted, ShuttingDown once the server is stopping."""
+        if self.stopping:
+            raise ShuttingDown()
         if self.healthy:
             return
         self.observer.refused("stage_down")

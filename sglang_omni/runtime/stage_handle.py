@@ -3,7 +3,8 @@
 Every call carries the request id and a fresh dispatch token; a message from the stage whose
 (rid, token) is not the pending call's is dropped, so a late, duplicated or forged result never
 advances a request. When the stage process dies, every pending call fails within about a second
-with ``StageDied`` and the handle reports unhealthy.
+with ``StageDied`` and the handle reports unhealthy. At server shutdown ``end_calls`` fails
+them with the shutdown's error and aborts their jobs.
 
 A handle runs one process at a time: ``respawn()`` starts a fresh one after a death (the
 ``runtime.supervisor`` decides when), so ``orchestrator.stages[name]`` stays the same object.
@@ -119,6 +120,8 @@ class StageHandle:
         self._last_progress = time.monotonic()
         self._generation = 0
         self._pings = itertools.count(1)
+        #: Set by :meth:`end_calls` (server shutdown): the error of each call from then on.
+        self._ended_by: Callable[[str], OmniError] | None = None
         #: Called as ``listener(outcome, seconds)`` when a call ends (``completed``, ``failed``
         #: or ``aborted``): the server's stage job latency metric.
         self.job_listeners: list[Callable[[str, float], None]] = []
@@ -231,6 +234,8 @@ class StageHandle:
         if not self.healthy:
             raise StageDied(f"the {self.name} stage is not running ({self.status}); "
                             + ("retry shortly" if self.restarting else "the server is unhealthy"))
+        if self._ended_by is not None:
+            raise self._ended_by(rid)
         if rid in self._pending:
             raise ServerError(f"request {rid} already has a call in flight on {self.name}")
         token = next(self._tokens)
@@ -270,10 +275,12 @@ class StageHandle:
             self._job_ended(outcome, time.monotonic() - started)
 
     async def _until_aborted(self, rid: str, token: int, ended: asyncio.Future[None]) -> None:
-        """Wait (up to ABORT_WAIT_S) until the stage reports job ``token`` of ``rid`` ended."""
+        """Wait (up to ABORT_WAIT_S) until the stage reports job ``token`` of ``rid`` ended;
+        not at all once the calls were ended (:meth:`end_calls`): no later job follows it."""
         try:
-            async with asyncio.timeout(ABORT_WAIT_S):
-                await asyncio.shield(ended)
+            if self._ended_by is None:
+                async with asyncio.timeout(ABORT_WAIT_S):
+                    await asyncio.shield(ended)
         except TimeoutError:
             log.warning("the %s stage has not ended the aborted job of request %s after %.0f "
                         "s; going on", self.name, rid, ABORT_WAIT_S)
@@ -466,12 +473,29 @@ class StageHandle:
         self._fail_all(message)
         _kill_stage_group(self._process)
 
-    def _fail_all(self, message: Callable[[str], str]) -> None:
-        for rid, pending in list(self._pending.items()):
-            if not pending.future.done():
-                pending.future.set_exception(StageDied(message(rid)))
-        self._pending.clear()
+    def end_calls(self, error_of: Callable[[str], OmniError]) -> int:
+        """Server shutdown: fail every call in flight with ``error_of(rid)`` and abort its job
+        on the stage; later calls fail with it at once, and a cancelled call no longer waits
+        for the stage to end its job (the stage is stopped next). Returns the calls ended."""
+        self._ended_by = error_of
+        aborted = self._fail_calls(error_of)
         self._end_aborting()
+        if not self.dead:
+            for rid in aborted:
+                self._post({"op": "abort", "rid": rid})
+        return len(aborted)
+
+    def _fail_all(self, message: Callable[[str], str]) -> None:
+        self._fail_calls(lambda rid: StageDied(message(rid)))
+        self._end_aborting()
+
+    def _fail_calls(self, error_of: Callable[[str], OmniError]) -> list[str]:
+        """Fail every pending call with ``error_of(rid)``; the rids of those failed."""
+        failed = [rid for rid, pending in self._pending.items() if not pending.future.done()]
+        for rid in failed:
+            self._pending[rid].future.set_exception(error_of(rid))
+        self._pending.clear()
+        return failed
 
     def _end_aborting(self) -> None:
         """A dead or stalled stage ends no more jobs: release every wait for an abort."""

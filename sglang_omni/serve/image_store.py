@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from sglang_omni.errors import NotFound, ServiceUnavailable
+from sglang_omni.errors import NotFound, ShuttingDown
 from sglang_omni.serve.video_jobs import MAX_VIDEO_JOBS, VIDEO_RETENTION_S
 
 MAX_IMAGES = MAX_VIDEO_JOBS
@@ -49,7 +49,7 @@ class ImageStore:
     def put(self, image_id: str, data: bytes, media_type: str = "image/png") -> StoredImage:
         """Hold an image (503 once the server is shutting down)."""
         if self._closed:
-            raise ServiceUnavailable("the server is shutting down; retry on another server")
+            raise ShuttingDown()
         self.expire()
         while len(self.images) >= MAX_IMAGES:
             self.images.popitem(last=False)

@@ -6,6 +6,8 @@
    background meanwhile (``/health`` answers 503 ``starting``; requests get 503 saying so).
 3. When every stage is ready it prints :func:`ready_line`: the playground's URL and a curl to
    try. A stage that fails to start stops the server (exit code 3), as before.
+4. SIGTERM or SIGINT drains it (:mod:`.shutdown`): requests in flight get
+   ``server.shutdown_grace_s`` seconds, then 503 "the server is shutting down".
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     from sglang_omni.errors import ConfigError
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
+    from sglang_omni.serve.shutdown import DrainingServer, uvicorn_timeout
 
     configure_logging(log_level, log_format)
     started = time.monotonic()
@@ -117,13 +120,15 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
         print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
         return 2
     json_logs = log_format == "json"
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+    orchestrator = app.state.orchestrator
+    grace_s = config.server.shutdown_grace_s
+    server = DrainingServer(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level,
+        timeout_graceful_shutdown=uvicorn_timeout(grace_s),
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
         access_log=not json_logs,
-        **uvicorn_options(config.server, app.state.body_budget)))
+        **uvicorn_options(config.server, app.state.body_budget)), orchestrator, grace_s)
     holder["server"] = server
-    orchestrator = app.state.orchestrator
     orchestrator.on_fatal = lambda: setattr(server, "should_exit", True)
     with contextlib.closing(sock):
         server.run(sockets=[sock])

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_omni.errors import NotFound, OmniError, ServerError, ServiceUnavailable
+from sglang_omni.errors import NotFound, OmniError, ServerError, ServiceUnavailable, ShuttingDown
 from sglang_omni.serve.http_errors import GENERIC_500
 
 log = logging.getLogger("sglang_omni.serve")
@@ -96,7 +96,7 @@ class VideoJobs:
         """Hold ``job`` and run ``work`` for it in a task of this owner (503 when full or
         shutting down)."""
         if self._closed:
-            raise ServiceUnavailable("the server is shutting down; retry on another server")
+            raise ShuttingDown()
         self.expire()
         if len(self.jobs) >= MAX_VIDEO_JOBS:
             oldest = next((j for j in self.jobs.values() if j.finished), None)
