@@ -96,6 +96,12 @@ class PayloadTooLarge(OmniError):
     status = 413
 
 
+class HeadersTooLarge(OmniError):
+    """The request line and headers are larger than the server reads."""
+
+    status = 431
+
+
 class UnsupportedMediaType(OmniError):
     """The request body is not in a format the route reads (for example not JSON)."""
 

@@ -29,6 +29,7 @@ from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.chat_routes import chat_routes
 from sglang_omni.serve.direct_routes import direct_routes
 from sglang_omni.serve.docs import docs_router
+from sglang_omni.serve.head_limit import HeadLimit
 from sglang_omni.serve.http_errors import install_error_handlers
 from sglang_omni.serve.interleaved_routes import interleaved_routes
 from sglang_omni.serve.metrics import ServerMetrics
@@ -118,6 +119,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     orchestrator.observer = server_metrics
     app.state.metrics = server_metrics
     server_metrics.watch_body_budget(app.state.body_budget)
+    app.add_middleware(HeadLimit)  # a head over the limit, however it arrived: 431
     app.add_middleware(RequestRecorder, sink=server_metrics)  # outermost: every request
     registry = server_metrics.registry
 

@@ -58,3 +58,17 @@ def test_an_oversized_or_broken_head_is_400_json(limited: Server) -> None:
         head_out, _, body = data.partition(b"\r\n\r\n")
         assert head_out.startswith(b"HTTP/1.1 400"), data[:200]
         assert json.loads(body)["error"]["code"] == 400
+
+
+def test_a_whole_head_over_16_kib_is_431_json(limited: Server) -> None:
+    """h11 bounds only a head still arriving; one sent whole is measured too."""
+    for size, status in ((20_000, b"431"), (15_000, b"200")):
+        with connect(limited.url) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+                         + b"a" * size + b"\r\n\r\n")
+            data, _ = read_until_closed(sock, LIMIT_S)
+        head_out, _, body = data.partition(b"\r\n\r\n")
+        assert head_out.startswith(b"HTTP/1.1 " + status), (size, data[:200])
+        if status == b"431":
+            error = json.loads(body)["error"]
+            assert error["code"] == 431 and "over the server's 16384" in error["message"]

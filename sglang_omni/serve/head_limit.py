@@ -1,0 +1,46 @@
+"""The request head's size limit, as pure ASGI middleware.
+
+h11 refuses a head (request line and headers) over ``connection.MAX_HEADER_BYTES`` only while
+it is incomplete: one that arrives whole in a single read is parsed whatever its size. Here
+every HTTP request and WebSocket handshake is measured as it was sent (request line, and each
+header as ``name: value`` with its line end): one over the limit gets 431 in the JSON error
+shape (a WebSocket is closed with 1008 before it opens), so the limit holds however the bytes
+arrived.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sglang_omni.errors import HeadersTooLarge
+from sglang_omni.serve.connection import MAX_HEADER_BYTES
+from sglang_omni.serve.responses import json_response
+from sglang_omni.serve.ws_messages import WS_POLICY_VIOLATION
+
+
+def head_bytes(scope: Scope) -> int:
+    """The size of the request's head as sent: ``METHOD target HTTP/x`` and its headers."""
+    target = len(scope.get("raw_path") or scope.get("path", "").encode())
+    query = scope.get("query_string", b"")
+    line = len(scope.get("method", "GET")) + 1 + target + (1 + len(query) if query else 0) + 11
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))
+
+
+class HeadLimit:
+    """Refuse requests whose head is over ``limit`` bytes (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_HEADER_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or head_bytes(scope) <= self.limit:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": WS_POLICY_VIOLATION,
+                        "reason": f"request headers over {self.limit} bytes"})
+            return
+        error = HeadersTooLarge(f"the request line and headers are {head_bytes(scope)} bytes, "
+                                f"over the server's {self.limit}; send fewer or shorter headers")
+        await json_response(error.to_body(), error.status)(scope, receive, send)
