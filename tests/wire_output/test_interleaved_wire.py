@@ -66,6 +66,9 @@ def test_every_503_carries_retry_after(server: Server) -> None:
     ({"num_frames": 200, "fps": 2}, ("100 s of video", "server.max_video_seconds")),
     ({"fps": 2**63}, ("stage_params.generation.fps: 9223372036854775808", "at most 240")),
     ({"raw_action_dim": 2**62}, ("stage_params.generation.raw_action_dim: expected 1 to 64",)),
+    ({"width": -16, "height": 16}, ("stage_params.generation.width: expected a positive",)),
+    ({"width": 16, "height": 16, "num_frames": -5, "fps": 1},
+     ("stage_params.generation.num_frames: expected a positive",)),
 ])
 def test_generation_limits_before_the_first_turn(server: Server, options: dict,
                                                  says: tuple[str, ...]) -> None:

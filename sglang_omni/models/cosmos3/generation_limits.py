@@ -56,6 +56,11 @@ def _int(options: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
+def _ill_typed(options: Mapping[str, Any], *keys: str) -> bool:
+    """Whether one of ``keys`` is given (not null) but is not a positive integer."""
+    return any(options.get(k) is not None and _int(options, k) is None for k in keys)
+
+
 def _over(where: str, what: str, limit: float, setting: str, fix: str) -> BadRequest:
     return BadRequest(f"{where}: {what}, over the server's limit of {limit:g} "
                       f"(server.{setting}); {fix} or raise the limit with --server.{setting}")
@@ -79,6 +84,8 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
     if not isinstance(options, Mapping):
         return
     given_w, given_h = _int(options, "width"), _int(options, "height")
+    if _ill_typed(options, "width", "height"):
+        return  # the type check names the side at fault; a default would mislead here
     width, height = given_w or defaults.width, given_h or defaults.height
     for key, value in (("width", given_w), ("height", given_h)):
         if value is not None and multiple > 1 and value % multiple:
@@ -102,6 +109,8 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
         raise _over(f"{where}num_inference_steps", f"{steps} steps",
                     settings.max_inference_steps, "max_inference_steps", "ask for fewer steps")
     if not video:
+        return
+    if _ill_typed(options, "num_frames", "fps", "action_horizon"):
         return
     horizon = _int(options, "action_horizon")
     frames = _int(options, "num_frames") or (horizon + 1 if horizon else defaults.frames)
