@@ -29,8 +29,7 @@ from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.chat_routes import chat_routes
 from sglang_omni.serve.direct_routes import direct_routes
 from sglang_omni.serve.docs import docs_router
-from sglang_omni.serve.head_limit import HeadLimit
-from sglang_omni.serve.http_errors import install_error_handlers
+from sglang_omni.serve.http_errors import CLOSE_AFTER, install_error_handlers
 from sglang_omni.serve.interleaved_routes import interleaved_routes
 from sglang_omni.serve.metrics import ServerMetrics
 from sglang_omni.serve.mode_routes import ModeRoutes
@@ -55,11 +54,14 @@ MODE_ROUTES: dict[str, Callable[[Orchestrator, str], ModeRoutes]] = {
 
 def error_response(exc: OmniError,
                    retry_after_s: int = ServerSettings.retry_after_s) -> Response:
-    """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``; the
-    body is ASCII JSON, so no message text can fail to encode."""
+    """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``, a 408
+    or 413 ``Connection: close`` (the rest of that body is not read); the body is ASCII JSON,
+    so no message text can fail to encode."""
     unavailable = isinstance(exc, ServiceUnavailable) or exc.status == ServiceUnavailable.status
-    headers = {"Retry-After": str(retry_after_s)} if unavailable else None
-    return json_response(exc.to_body(), exc.status, headers)
+    headers = {"Retry-After": str(retry_after_s)} if unavailable else {}
+    if exc.status in CLOSE_AFTER:
+        headers["Connection"] = "close"
+    return json_response(exc.to_body(), exc.status, headers or None)
 
 
 def create_app(config: ResolvedConfig, model_name: str | None = None,
@@ -119,7 +121,6 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     orchestrator.observer = server_metrics
     app.state.metrics = server_metrics
     server_metrics.watch_body_budget(app.state.body_budget)
-    app.add_middleware(HeadLimit)  # a head over the limit, however it arrived: 431
     app.add_middleware(RequestRecorder, sink=server_metrics)  # outermost: every request
     registry = server_metrics.registry
 

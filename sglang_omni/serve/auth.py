@@ -5,7 +5,8 @@ With a key set, every HTTP and WebSocket request except ``/health``, the API doc
 ``/playground`` and its assets), which a browser loads without a bearer header and which hold no
 secret (the page asks for the key and sends it on the API calls it makes), must carry
 ``Authorization: Bearer KEY`` (compared in constant time). Others get 401 in the JSON error
-shape with ``WWW-Authenticate: Bearer``; a WebSocket is closed with code 1008 before it opens.
+shape with ``WWW-Authenticate: Bearer``; a WebSocket is closed before it opens (uvicorn then
+refuses the handshake with 403).
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""The request head's size limit, as pure ASGI middleware.
+"""The request head's size limit of ``sgl-omni serve``'s own HTTP server, as pure ASGI
+middleware around the app.
 
 h11 refuses a head (request line and headers) over ``connection.MAX_HEADER_BYTES`` only while
 it is incomplete: one that arrives whole in a single read is parsed whatever its size. Here
 every HTTP request and WebSocket handshake is measured as it was sent (request line, and each
 header as ``name: value`` with its line end): one over the limit gets 431 in the JSON error
-shape (a WebSocket is closed with 1008 before it opens), so the limit holds however the bytes
-arrived.
+shape (a WebSocket handshake is refused: uvicorn answers 403), so the limit holds however the
+bytes arrived. It wraps the app where the server runs it (``startup.run_server``), not inside
+the app: in a Ray Serve fleet the HTTP server in front is Ray's proxy, which adds headers of its
+own (``x-request-id``) before a replica sees the request.
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     from sglang_omni.errors import ConfigError
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
+    from sglang_omni.serve.head_limit import HeadLimit
     from sglang_omni.serve.shutdown import DrainingServer, uvicorn_timeout
 
     configure_logging(log_level, log_format)
@@ -123,7 +124,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     orchestrator = app.state.orchestrator
     grace_s = config.server.shutdown_grace_s
     server = DrainingServer(uvicorn.Config(
-        app, host=host, port=port, log_level=log_level,
+        HeadLimit(app), host=host, port=port, log_level=log_level,
         timeout_graceful_shutdown=uvicorn_timeout(grace_s),
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
         access_log=not json_logs,

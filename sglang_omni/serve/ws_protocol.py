@@ -57,6 +57,9 @@ class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
+        if not self.handshake_initiated and self.conn.handshake_exc is not None:
+            self._answer_unparsed_handshake()
+            return
         self._charge()
 
     def send_receive_event_to_app(self) -> None:
@@ -101,6 +104,15 @@ class BudgetedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.lease.resize(self.buffered_bytes())
         except ServiceUnavailable as exc:
             self._refuse(exc)
+
+    def _answer_unparsed_handshake(self) -> None:
+        """A handshake the websockets library could not parse (a header line over its 8 KiB,
+        too many headers, not HTTP): send the HTTP error it answered with (431, 414) and close.
+        uvicorn sends nothing there, so the connection stayed open for good."""
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.lease.close()
+        self.transport.close()
 
     def _refuse(self, exc: ServiceUnavailable) -> None:
         """Close the connection (1013): its buffered bytes do not fit in the budget."""

@@ -106,9 +106,11 @@ def test_leaving_aborts_the_action_in_flight() -> None:
 
 def test_the_api_key_guards_the_websockets() -> None:
     with scripted_server("--api-key", "k3y") as keyed:
-        with pytest.raises((InvalidStatus, ConnectionClosed)):
-            with ws(keyed, "/v1/actions/realtime") as conn:
-                conn.recv(timeout=10)
+        for path in ("/v1/actions/realtime", "/v1/realtime_video/generate"):
+            with pytest.raises(InvalidStatus) as refused:  # refused at the handshake
+                with ws(keyed, path) as conn:
+                    conn.recv(timeout=10)
+            assert refused.value.response.status_code == 403
         with ws(keyed, "/v1/actions/realtime",
                 additional_headers={"Authorization": "Bearer k3y"}) as conn:
             assert recv(conn)["object"] == "action.metadata"

@@ -20,10 +20,16 @@ pytest.importorskip("ray")
 from tests.kit import parse_sse, script  # noqa: E402
 from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
 from tests.server import SCRIPTED_UMM, Server  # noqa: E402
-from tests.wire.kit import refused_beside_upload, refused_prompt, status_within  # noqa: E402
+from tests.wire.kit import (  # noqa: E402
+    connect,
+    read_until_closed,
+    refused_beside_upload,
+    refused_prompt,
+    status_within,
+)
 
 COMMON = ("--generation.factory.step_time_s", "0.02", "--server.max_body_bytes", "65536",
-          "--server.max_pending_body_bytes", "100000")
+          "--server.max_pending_body_bytes", "100000", "--server.body_timeout_s", "3")
 GEN = {"generation": {"width": 32, "height": 32, "seed": 7, "num_frames": 3}}
 TWO_MEDIA = script({"action": "image", "prompt": "a red cube"},
                    {"action": "video", "prompt": "a blue cube"},
@@ -214,3 +220,16 @@ def test_a_body_that_does_not_fit_beside_those_held_is_refused_as_on_one_server(
     assert answers[0] == answers[1]
     assert answers[0][0][0] == 503 and "server.max_pending_body_bytes" in str(answers[0])
     assert gateway_metric(fleet, "sgl_omni_gateway_refusals_total", reason="body_budget") >= 1
+
+
+def test_a_slow_body_gets_408_and_the_connection_closes_as_on_one_server(
+        fleet: Fleet, single: Server) -> None:
+    for url in (fleet.url, single.url):
+        with connect(url) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                         b"\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+            data, _ = read_until_closed(sock, 30)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), (url, data[:300])
+        assert b"connection: close" in head.lower(), (url, head)
+        assert json.loads(body)["error"]["code"] == 408

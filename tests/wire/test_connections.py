@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.server import Server
 from tests.wire.kit import connect, read_until_closed
 
@@ -72,3 +74,17 @@ def test_a_whole_head_over_16_kib_is_431_json(limited: Server) -> None:
         if status == b"431":
             error = json.loads(body)["error"]
             assert error["code"] == 431 and "over the server's 16384" in error["message"]
+
+
+@pytest.mark.parametrize(("size", "status"), [(20_000, b"431"), (9_000, b"431"),
+                                              (8_000, b"403")])  # 403: no WebSocket route
+def test_a_websocket_handshake_with_an_overlong_head_is_answered_and_closed(
+        limited: Server, size: int, status: bytes) -> None:
+    """The websockets library refuses a header line over 8 KiB with 431 (uvicorn left that
+    answer unsent and the connection open for good)."""
+    with connect(limited.url) as sock:
+        sock.sendall(b"GET /v1/realtime_video/generate HTTP/1.1\r\nHost: x\r\nUpgrade: websocket"
+                     b"\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"Sec-WebSocket-Version: 13\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+        data, _ = read_until_closed(sock, LIMIT_S)
+    assert data.startswith(b"HTTP/1.1 " + status), data[:200]
