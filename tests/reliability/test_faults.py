@@ -10,24 +10,18 @@ backoff and room for 10 restarts.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 
+from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
 from tests.reliability.kit import (
-    SMALL,
     TrackedServer,
-    error_shape_problem,
     healthy,
-    parse_sse,
     script,
     tracked_server,
 )
@@ -67,62 +61,17 @@ def direct_faults() -> Iterator[TrackedServer]:
 
 
 # --- in-flight requests ----------------------------------------------------------------------
-IN_REASONER = script({"action": "final", "text": "never", "delay_s": 60})
-IN_GENERATION = script({"action": "image", "prompt": "!sleep=60 held"},
-                       {"action": "final", "text": "never"})
-GEN = {"generation": SMALL}
-
-
-@dataclass
-class InFlight:
-    """One request running in a thread; ``ended`` is the monotonic time its answer ended."""
-
-    label: str
-    route: str
-    body: dict[str, Any]
-    status: int | None = None
-    text: str = ""
-    ended: float | None = None
-
-    def start(self, url: str) -> threading.Thread:
-        def run() -> None:
-            try:
-                with httpx.Client(timeout=60) as http:
-                    resp = http.post(url + self.route, json=self.body)
-                self.status, self.text = resp.status_code, resp.text
-            except httpx.HTTPError as exc:
-                self.text = f"transport error {exc!r}"
-            self.ended = time.monotonic()
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    def problem(self, stage: str, signalled: float, bound: float) -> str | None:
-        """None if the request ended in time with a clear error naming ``stage``."""
-        if self.ended is None or self.ended - signalled > bound:
-            took = "never" if self.ended is None else f"{self.ended - signalled:.2f} s"
-            return f"{self.label}: did not end within {bound:g} s (ended: {took})"
-        error: Any = None
-        if self.status == 200 and self.body.get("stream"):
-            events = parse_sse(self.text)
-            if not events or events[-1][1] != "[DONE]":
-                return f"{self.label}: stream not ended by [DONE]: {self.text[-300:]!r}"
-            errors = [d if e == "error" else d.get("error") for e, d in events[:-1]
-                      if e == "error" or isinstance(d, dict) and "error" in d]
-            if len(errors) != 1:
-                return f"{self.label}: expected one error in the stream: {self.text[-300:]!r}"
-            error = errors[0]
-        elif self.status in (500, 503):
-            body = json.loads(self.text)
-            if error_shape_problem(body) is not None:
-                return f"{self.label}: {error_shape_problem(body)}"
-            error = body["error"]
-        else:
-            return f"{self.label}: status {self.status}: {self.text[:300]}"
-        if error.get("code") not in (500, 503) or stage not in str(error.get("message")).lower():
-            return f"{self.label}: the error does not name the {stage} stage: {error!r}"
-        return None
+def problem(request: InFlight, stage: str, signalled: float, bound: float) -> str | None:
+    """None if ``request`` ended in time with a clear error naming ``stage``."""
+    if request.ended is None or request.ended - signalled > bound:
+        took = "never" if request.ended is None else f"{request.ended - signalled:.2f} s"
+        return f"{request.label}: did not end within {bound:g} s (ended: {took})"
+    error, wrong = request.error((500, 503))
+    if error is None:
+        return wrong
+    if error.get("code") not in (500, 503) or stage not in str(error.get("message")).lower():
+        return f"{request.label}: the error does not name the {stage} stage: {error!r}"
+    return None
 
 
 def in_flight(kind: str, stage: str) -> list[InFlight]:
@@ -133,17 +82,8 @@ def in_flight(kind: str, stage: str) -> list[InFlight]:
                 InFlight("chat stream", "/v1/chat/completions",
                          {"messages": messages, "stream": True})]
     prompts = [IN_GENERATION] + ([IN_REASONER] if stage == "reasoner" else [])
-    out = []
-    for prompt in prompts:
-        where = "in generation" if prompt is IN_GENERATION else "in a Reasoner turn"
-        out += [InFlight(f"/generate {where}", "/generate",
-                         {"prompt": prompt, "stage_params": GEN}),
-                InFlight(f"/generate stream {where}", "/generate",
-                         {"prompt": prompt, "stage_params": GEN, "stream": True}),
-                InFlight(f"chat stream {where}", "/v1/chat/completions",
-                         {"messages": [{"role": "user", "content": prompt}],
-                          "stage_params": GEN, "stream": True})]
-    return out
+    return [r for prompt in prompts for r in interleaved(
+        prompt, "in generation" if prompt is IN_GENERATION else "in a Reasoner turn")]
 
 
 def start_video_job(server: TrackedServer) -> str:
@@ -218,11 +158,11 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
     bound = END_WITHIN_S + (STALL_S if sig == signal.SIGSTOP else 0)
     for thread in threads:  # they are left running (daemons) if they do not end
         thread.join(max(0.0, signalled + bound + 2 - time.monotonic()))
-    problems = [p for r in requests if (p := r.problem(stage, signalled, bound)) is not None]
+    problems = [p for r in requests if (p := problem(r, stage, signalled, bound)) is not None]
     if video_id is not None:
-        problem = video_job_problem(server, video_id, stage, signalled, bound)
-        if problem is not None:
-            problems.append(problem)
+        job = video_job_problem(server, video_id, stage, signalled, bound)
+        if job is not None:
+            problems.append(job)
     restarted = wait_restarted(server, stage, pid)
     server.remember()
     if restarted is not None:

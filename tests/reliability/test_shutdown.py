@@ -12,89 +12,36 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.kit import wait_for
-from tests.reliability.kit import SMALL, TrackedServer, error_shape_problem, parse_sse, script
+from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
+from tests.reliability.kit import TrackedServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM
 
 GRACE_S = 1.0
 #: From SIGTERM to the server's exit: the grace, ending the requests, stopping the stages.
 EXIT_WITHIN_S = GRACE_S + 8.0
 SHUTTING_DOWN = "the server is shutting down"
-IN_REASONER = script({"action": "final", "text": "never", "delay_s": 60})
-IN_GENERATION = script({"action": "image", "prompt": "!sleep=60 held"},
-                       {"action": "final", "text": "never"})
-GEN = {"generation": SMALL}
 ACTIVE_RE = re.compile(r"^sgl_omni_active_requests (\S+)$", re.M)
 
 
-@dataclass
-class InFlight:
-    """One request running in a thread; ``slow_body`` holds its body back until ``release``
-    is set (so its handling starts during the drain)."""
-
-    label: str
-    route: str
-    body: dict[str, Any]
-    slow_body: bool = False
-    status: int | None = None
-    headers: httpx.Headers | None = None
-    text: str = ""
-
-    def start(self, url: str, release: threading.Event) -> threading.Thread:
-        def content() -> Iterator[bytes]:
-            raw = httpx.Request("POST", "/", json=self.body).content
-            yield raw[:10]
-            release.wait(30)
-            yield raw[10:]
-
-        def run() -> None:
-            try:
-                with httpx.Client(timeout=60) as http:
-                    if self.slow_body:
-                        resp = http.post(url + self.route, content=content(),
-                                         headers={"Content-Type": "application/json"})
-                    else:
-                        resp = http.post(url + self.route, json=self.body)
-                self.status, self.headers, self.text = resp.status_code, resp.headers, resp.text
-            except httpx.HTTPError as exc:
-                self.text = f"transport error {exc!r}"
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
-    def problem(self) -> str | None:
-        """None if the request ended with the shutdown's 503 in its route's error form."""
-        if self.status == 200 and self.body.get("stream"):
-            events = parse_sse(self.text)
-            if not events or events[-1][1] != "[DONE]":
-                return f"{self.label}: stream not ended by [DONE]: {self.text[-300:]!r}"
-            event, data = events[-2] if len(events) > 1 else ("", {})
-            error = data if event == "error" else data.get("error") \
-                if isinstance(data, dict) else None
-            if not isinstance(error, dict):
-                return f"{self.label}: no error before [DONE]: {self.text[-300:]!r}"
-        elif self.status == 503:
-            assert self.headers is not None
-            if not self.headers.get("content-type", "").startswith("application/json") \
-                    or "retry-after" not in self.headers:
-                return f"{self.label}: 503 without JSON or Retry-After: {dict(self.headers)}"
-            body = httpx.Response(503, content=self.text.encode()).json()
-            if error_shape_problem(body) is not None:
-                return f"{self.label}: {error_shape_problem(body)}"
-            error = body["error"]
-        else:
-            return f"{self.label}: status {self.status}: {self.text[:300]}"
-        if error.get("code") != 503 or SHUTTING_DOWN not in str(error.get("message")):
-            return f"{self.label}: not the shutdown's 503: {error!r}"
-        return None
+def problem(request: InFlight) -> str | None:
+    """None if ``request`` ended with the shutdown's 503 in its route's error form (a JSON
+    answer with ``Retry-After``)."""
+    if request.status == 503:
+        assert request.headers is not None
+        if not request.headers.get("content-type", "").startswith("application/json") \
+                or "retry-after" not in request.headers:
+            return f"{request.label}: 503 without JSON or Retry-After: {dict(request.headers)}"
+    error, wrong = request.error((503,))
+    if error is None:
+        return wrong
+    if error.get("code") != 503 or SHUTTING_DOWN not in str(error.get("message")):
+        return f"{request.label}: not the shutdown's 503: {error!r}"
+    return None
 
 
 def in_flight(kind: str) -> list[InFlight]:
@@ -112,16 +59,9 @@ def in_flight(kind: str) -> list[InFlight]:
                          {"messages": messages, "stream": True}),
                 InFlight("chat sent during the drain", "/v1/chat/completions",
                          {"messages": messages}, slow_body=True)]
-    out = []
-    for prompt, where in ((IN_GENERATION, "in generation"), (IN_REASONER, "in a turn"),
-                          (IN_GENERATION, "queued for generation")):
-        out += [InFlight(f"/generate {where}", "/generate",
-                         {"prompt": prompt, "stage_params": GEN}),
-                InFlight(f"/generate stream {where}", "/generate",
-                         {"prompt": prompt, "stage_params": GEN, "stream": True}),
-                InFlight(f"chat stream {where}", "/v1/chat/completions",
-                         {"messages": [{"role": "user", "content": prompt}],
-                          "stage_params": GEN, "stream": True})]
+    out = [r for prompt, where in ((IN_GENERATION, "in generation"), (IN_REASONER, "in a turn"),
+                                   (IN_GENERATION, "queued for generation"))
+           for r in interleaved(prompt, where)]
     return [*out, InFlight("/generate sent during the drain", "/generate",
                            {"prompt": IN_REASONER, "stage_params": GEN}, slow_body=True)]
 
@@ -153,7 +93,7 @@ def test_sigterm_ends_in_flight_requests_with_503(kind: str) -> None:
         for thread in threads:
             thread.join(10)
         log = srv.server.log()
-        problems = [p for p in (r.problem() for r in requests) if p is not None]
+        problems = [p for p in (problem(r) for r in requests) if p is not None]
         assert not problems, "\n".join(problems) + "\n" + log[-3000:]
         # uvicorn raises the signal again once it stopped, as before the drain existed
         assert srv.server.proc.returncode == -signal.SIGTERM, log[-3000:]
