@@ -74,10 +74,13 @@ def check_media_list(kind: str, items: Any) -> None:
 
 
 def check_stage_table(key: str, value: Any) -> None:
-    """``stage_params``/``stage_sampling``: an object of stage name to an object of fields."""
+    """``stage_params``/``stage_sampling``: an object of stage name to an object of fields;
+    the sampling number fields in it are numbers, as at the top level."""
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
         raise BadRequest(f"{key}: expected an object of stage name to an object of fields, "
                          f"for example {{\"reasoner\": {{\"temperature\": 0.2}}}}")
+    for stage, fields in value.items():
+        check_number_fields(f"{key}.{stage}.", fields)
 
 
 def check_number_fields(where: str, fields: dict[str, Any]) -> None:

@@ -145,11 +145,11 @@ def test_native_refusal_keeps_its_status(server: Server, stream: bool) -> None:
     """A field native SGLang finds invalid answers 400, streaming or not (the scripted
     Reasoner's error entry stands in for native validation)."""
     messages = [{"role": "user", "content": script(
-        {"error": {"status": 400, "message": "top_k: Input should be a valid integer"}})}]
+        {"error": {"status": 400, "message": "stop_token_ids: Input should be a valid list"}})}]
     resp = chat(server, {"stream": stream, "messages": messages,
-                         "stage_params": {"reasoner": {"top_k": "many"}}})
+                         "stage_params": {"reasoner": {"stop_token_ids": "many"}}})
     assert resp.status_code == 400, resp.text
-    assert resp.json()["error"] == {"message": "top_k: Input should be a valid integer",
+    assert resp.json()["error"] == {"message": "stop_token_ids: Input should be a valid list",
                                     "type": "invalid_request_error", "code": 400}
 
 

@@ -147,6 +147,27 @@ def test_number_fields_refuse_booleans_and_strings(limited: Server, field: str,
     assert error_of(resp)["message"].startswith(f"{field}: expected")
 
 
+@pytest.mark.parametrize(("table", "fields", "says"), [
+    ("stage_sampling", {"temperature": "hot"}, "stage_sampling.reasoner.temperature: expected"),
+    ("stage_params", {"top_p": [1, 2]}, "stage_params.reasoner.top_p: expected a number"),
+    ("stage_sampling", {"top_k": {"x": 1}}, "stage_sampling.reasoner.top_k: expected an int"),
+    ("stage_params", {"temperature": True}, "stage_params.reasoner.temperature: expected"),
+])
+def test_stage_tables_check_sampling_numbers_too(limited: Server, table: str, fields: dict,
+                                                 says: str) -> None:
+    for route, body in (("/generate", {"prompt": "hi"}), ("/v1/chat/completions", HELLO)):
+        resp = HTTP.post(f"{limited.url}{route}", json={**body, table: {"reasoner": fields}})
+        assert resp.status_code == 400, resp.text
+        assert says in error_of(resp)["message"]
+
+
+@pytest.mark.parametrize("user", [5, {"a": 1}, ["x"]])
+def test_chat_user_is_a_string(limited: Server, user: object) -> None:
+    resp = HTTP.post(f"{limited.url}/v1/chat/completions", json={**HELLO, "user": user})
+    assert resp.status_code == 400, resp.text
+    assert error_of(resp)["message"].startswith("user: expected a string")
+
+
 def test_good_unicode_and_big_valid_integers_pass(limited: Server) -> None:
     body = '{"prompt": "hi \\ud83d\\ude00 é", "seed": 18446744073709551615}'.encode()
     resp = post_raw(f"{limited.url}/generate", body)

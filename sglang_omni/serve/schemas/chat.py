@@ -103,7 +103,7 @@ CHAT_ONLY = documented({"type": "boolean"}, "text-only chat, non-streaming")
 TOOLS = documented({"type": "array", "items": {"type": "object"}},
                    "refused: run sglang serve for native tool calls")
 TOOL_CHOICE = documented({}, 'only "none" is served')
-USER = documented({"type": "string"})
+USER = STRING
 
 
 class ChatFields(SamplingFields):  # type: ignore[misc,valid-type]
