@@ -60,10 +60,10 @@ class ServerSettings:
     header_timeout_s: float = 10.0
     #: Seconds a client may take to send a request's body.
     body_timeout_s: float = 60.0
-    #: Seconds a WebSocket client may leave what the server sends unread once the connection's
-    #: send buffer is full (a realtime video chunk, say); then it is disconnected and what was
-    #: buffered for it dropped, so a client that stopped reading holds neither its session nor
-    #: the server's memory.
+    #: Seconds a client may leave what the server sends unread once the connection's send
+    #: buffer is full (a stream, a realtime video chunk); then it is disconnected as a client
+    #: that left (its request cancelled) and what was buffered for it dropped, so a client that
+    #: stopped reading holds neither its request nor its session nor the server's memory.
     send_timeout_s: float = 60.0
     #: Seconds between SSE keep-alive comments while a stream has nothing to send (0: off).
     sse_keepalive_s: float = 15.0

@@ -8,16 +8,23 @@ response, and has no header or body deadline. :class:`GuardedH11Protocol` adds t
   ``server.header_timeout_s``, else the connection is closed;
 * a request body must be complete within ``server.body_timeout_s``; the JSON routes answer 408
   at that moment (``request_body``), and this closes the connection a grace period later for
-  routes that never read the body.
+  routes that never read the body;
+* a client that reads nothing of its answer while the connection's send buffer is full (a
+  stream it stopped reading) for ``server.send_timeout_s`` has its connection aborted: the
+  request then ends as for a client that left, its work cancelled (a stalled reader would
+  otherwise hold its request, past its deadline, for as long as it stays connected).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import h11
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sglang_omni.config.server import ServerSettings
@@ -29,6 +36,26 @@ from sglang_omni.serve.ws_protocol import ws_protocol_for
 MAX_HEADER_BYTES = 16 * 1024
 #: Seconds after ``body_timeout_s`` before the connection itself is closed.
 BODY_GRACE_S = 2.0
+
+log = logging.getLogger("sglang_omni.serve")
+
+
+class BoundedFlow(FlowControl):
+    """uvicorn's write flow control whose wait for a paused transport (a full send buffer)
+    lasts at most ``timeout_s``; then ``on_stall`` runs (it aborts the connection)."""
+
+    def __init__(self, transport: asyncio.Transport, timeout_s: float,
+                 on_stall: Callable[[], None]) -> None:
+        super().__init__(transport)
+        self.timeout_s = timeout_s
+        self.on_stall = on_stall
+
+    async def drain(self) -> None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await super().drain()
+        except TimeoutError:
+            self.on_stall()
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -75,8 +102,17 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = BoundedFlow(transport, self.settings.send_timeout_s, self._stalled)
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                             self.timeout_keep_alive_handler)
+
+    def _stalled(self) -> None:
+        path = self.scope.get("path", "?") if self.scope else "?"
+        log.warning("%s: the client read nothing of its answer for %g s "
+                    "(server.send_timeout_s); closing its connection", path,
+                    self.settings.send_timeout_s)
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE and self._deadline is None:

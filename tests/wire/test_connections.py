@@ -4,10 +4,13 @@ shared server sets each timeout to 1 s)."""
 from __future__ import annotations
 
 import json
+import socket
 
+import httpx
 import pytest
 
-from tests.server import Server
+from tests.kit import script, wait_for
+from tests.server import SCRIPTED_UMM, Server
 from tests.wire.kit import connect, read_until_closed
 
 LIMIT_S = 10  # generous: the server's timeouts are 1 s (2 s more for the body backstop)
@@ -88,3 +91,29 @@ def test_a_websocket_handshake_with_an_overlong_head_is_answered_and_closed(
                      b"Sec-WebSocket-Version: 13\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
         data, _ = read_until_closed(sock, LIMIT_S)
     assert data.startswith(b"HTTP/1.1 " + status), data[:200]
+
+
+STALLED_STREAM = script({"action": "image", "prompt": "!size=8000000 big"},
+                        {"action": "image", "prompt": "!size=8000000 again"},
+                        {"action": "final", "text": "never read"})
+
+
+def test_a_stream_the_client_stopped_reading_ends_after_send_timeout_s() -> None:
+    """A stalled reader held its request (slot, retained media) past its deadline, for as long
+    as it stayed connected; now its connection is aborted and the request cancelled."""
+    with Server(*SCRIPTED_UMM, "--server.send_timeout_s", "2") as server:
+        body = json.dumps({"prompt": STALLED_STREAM, "stream": True,
+                           "stage_params": {"generation": {"width": 64, "height": 64}}})
+        with connect(server.url) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                         f"\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+            wait_for(lambda: "sgl_omni_active_requests 1.0" in metrics(server), timeout=10)
+            wait_for(lambda: "sgl_omni_active_requests 0.0" in metrics(server), timeout=20)
+        log = server.log()
+        assert "read nothing of its answer for 2 s (server.send_timeout_s)" in log
+        assert "status=499" in log
+
+
+def metrics(server: Server) -> str:
+    return httpx.get(f"{server.url}/metrics", timeout=5).text
