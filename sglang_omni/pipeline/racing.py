@@ -22,4 +22,6 @@ async def work_unless(work: Awaitable[T], event: asyncio.Event) -> asyncio.Futur
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        elif not task.cancelled():
+            task.exception()  # seen here: the caller, if cancelled meanwhile, never reads it
     return task
