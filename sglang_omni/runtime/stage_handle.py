@@ -20,7 +20,9 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -120,6 +122,8 @@ class StageHandle:
         self._last_progress = time.monotonic()
         self._generation = 0
         self._pings = itertools.count(1)
+        #: The temporary-file folder of the current process (``stage_main``'s ``scratch``).
+        self._scratch: str | None = None
         #: Set by :meth:`end_calls` (server shutdown): the error of each call from then on.
         self._ended_by: Callable[[str], OmniError] | None = None
         #: Called as ``listener(outcome, seconds)`` when a call ends (``completed``, ``failed``
@@ -195,10 +199,12 @@ class StageHandle:
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
+        self._remove_scratch()
+        self._scratch = tempfile.mkdtemp(prefix=f"sgl-omni-{self.name}-")
         self._process = ctx.Process(
             target=stage_main,
             args=(self.spec, device_env(self.spec.gpu), theirs, self.log_level,
-                  self.log_format),
+                  self.log_format, self._scratch),
             name=f"sgl-omni-{self.name}", daemon=False,
         )
         self._process.start()
@@ -513,6 +519,7 @@ class StageHandle:
         self._end_aborting()
         self.ready = False
         _kill_stage_group(self._process)  # its children go with it
+        self._remove_scratch()  # what it left of its requests' temporary files
         if self._ready_future and not self._ready_future.done():
             self._ready_future.set_exception(StageStartupError(
                 f"the {self.name} stage exited with code {self.exitcode} before it was ready; "
@@ -537,6 +544,12 @@ class StageHandle:
             except Exception:  # noqa: BLE001 - one listener's bug must not stop the others
                 log.exception("%s: a stage death listener failed", self.name)
 
+    def _remove_scratch(self) -> None:
+        """Remove the temporary-file folder of the last process (it is gone or never ran)."""
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
     # --- shutdown ---------------------------------------------------------------------------
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop the process and all its children; escalates to SIGTERM, then SIGKILL."""
@@ -552,6 +565,7 @@ class StageHandle:
             await _join(proc, 3.0)
         _kill_stage_group(proc)
         await _join(proc, 3.0)
+        self._remove_scratch()
         self._sender.shutdown(wait=False)
         if self._channel is not None:
             self._channel.close()

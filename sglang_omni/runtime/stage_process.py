@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -52,10 +53,14 @@ MIN_SERVER_SILENCE_S = 10.0
 
 
 def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str,
-               log_format: str = "text") -> None:
+               log_format: str = "text", scratch: str | None = None) -> None:
     """Run a stage until shutdown; the exit code is 0 on a clean stop, 1 on startup failure,
-    3 when the engine failed while serving."""
+    3 when the engine failed while serving. ``scratch``: the folder this process's temporary
+    files go in (``tempfile``'s default here; its owner, the server, removes it once the
+    process is gone, however it ended)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = device_env
+    if scratch is not None:
+        tempfile.tempdir = scratch
     os.setpgid(0, 0)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server coordinates Ctrl-C

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -32,6 +33,8 @@ SMALL = {"width": 32, "height": 32, "num_frames": 3}
 BODY_LIMIT = 2**20
 #: Seconds a stage process may take to exit after the server process did.
 ORPHAN_GRACE_S = 3.0
+#: A stage process's temporary folder (``StageHandle``: ``sgl-omni-<stage>-<random>``).
+STAGE_SCRATCH = re.compile(r"^(sgl-omni-[a-z_]+)-[a-z0-9_]{8}(?=/|$)")
 
 
 def error_shape_problem(body: Any) -> str | None:
@@ -130,13 +133,15 @@ class TrackedServer:
 
     def temp_files(self, sockets: bool = False) -> list[str]:
         """Every path under the server's temp folder (Unix sockets, its IPC, only if
-        ``sockets``)."""
+        ``sockets``), sorted, duplicates kept. A stage process's own temporary folder is named
+        ``sgl-omni-<stage>-*`` whichever process of the stage holds it (a restarted stage
+        has a new one), so one left behind by a dead process shows as a second entry."""
         out = []
         for root, dirs, files in os.walk(self.tmp):
             for name in dirs + files:
                 path = os.path.join(root, name)
                 if sockets or not Path(path).is_socket():
-                    out.append(os.path.relpath(path, self.tmp))
+                    out.append(STAGE_SCRATCH.sub(r"\1-*", os.path.relpath(path, self.tmp)))
         return sorted(out)
 
     def graceful_stop(self, timeout: float = 20) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import httpx
@@ -169,7 +170,7 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
         problems.append(restarted)
     elif (after := next_request(kind, stage, server)) is not None:
         problems.append(after)
-    left = sorted(set(server.temp_files()) - set(baseline))
+    left = sorted((Counter(server.temp_files()) - Counter(baseline)).elements())
     if left:
         problems.append(f"temp files left: {left}")
     assert not problems, f"{sig.name} of the {stage} stage:\n" + "\n".join(

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 
@@ -252,3 +254,51 @@ def test_direct_generation_stage_killed_fails_fast_then_restarts() -> None:
         ok = HTTP.post(f"{server.url}/v1/images/generations",
                        json={"prompt": "cube", "size": "32x32"}, timeout=60)
         assert ok.status_code == 200, ok.text
+
+
+def test_a_killed_stage_leaves_no_temporary_files(tmp_path) -> None:  # noqa: ANN001
+    """Each stage process keeps its temporary files (a request's fetched media) in a folder of
+    its own, which the server removes once the process is gone, kill -9 included (the process
+    itself can then clean nothing)."""
+    release = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # headers now, the body never (until the test ends)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            release.wait(60)
+
+    host = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    host.daemon_threads = True
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    image_url = f"http://127.0.0.1:{host.server_address[1]}/slow.png"
+    try:
+        with Server(*SCRIPTED_UMM, "--allowed-media-domain", "127.0.0.1",
+                    env={"TMPDIR": str(tmp_path)}) as server:
+            [scratch] = tmp_path.glob("sgl-omni-reasoner-*")
+            content = [{"type": "text", "text": script(final("{media}"))},
+                       {"type": "image_url", "image_url": {"url": image_url}}]
+            fetching = InFlight(lambda: post_chat(
+                server, {"messages": [{"role": "user", "content": content}]}))
+            wait_jobs(server, "reasoner", 1)
+            deadline = time.monotonic() + 10
+            while not list(scratch.glob("omni-media-*")):  # the fetch's folder, in its own
+                assert time.monotonic() < deadline, list(tmp_path.rglob("*"))
+                time.sleep(0.05)
+            signal_stage(server, "reasoner", signal.SIGKILL)
+            status, text = fetching.wait()
+            assert status == 500 and "reasoner stage process exited" in text, text
+            wait_health(server, "ok")
+            assert not scratch.exists(), list(scratch.rglob("*"))
+            [fresh] = tmp_path.glob("sgl-omni-reasoner-*")
+            assert fresh != scratch and list(fresh.iterdir()) == []
+        assert list(tmp_path.glob("sgl-omni-*")) == []
+    finally:
+        release.set()
+        host.shutdown()
+        host.server_close()
