@@ -21,6 +21,10 @@ from tests.server import Server
 _METRICS = httpx.Client(timeout=5, limits=httpx.Limits(max_keepalive_connections=0))
 JOBS_RE = re.compile(r'^sgl_omni_stage_jobs_total\{outcome="([^"]+)",stage="([^"]+)"\} (\S+)$')
 
+#: A stage process's own temporary folder (``StageHandle``: ``sgl-omni-<stage>-<random>``),
+#: there while the stage runs.
+STAGE_SCRATCH = re.compile(r"^(sgl-omni-[a-z_]+)-[a-z0-9_]{8}(?=/|$)")
+
 
 # --- metrics ------------------------------------------------------------------------------------
 def job_counts(server: Server) -> dict[tuple[str, str], float]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.kit import metric, wait_until
+from tests.kit import STAGE_SCRATCH, metric, wait_until
 from tests.media.media_http_server import PNG, MediaServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
@@ -50,7 +50,15 @@ def chat(server: Server, url: str, *entries: dict, timeout: float = 30) -> httpx
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(os.listdir(folder))
+    """What the server left in its ``TMPDIR``: the contents of each running stage's own
+    temporary folder (``sgl-omni-<stage>-*``, there while the stage runs), everything else."""
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if STAGE_SCRATCH.match(name) and (folder / name).is_dir():
+            out += [f"{name}/{inner}" for inner in sorted(os.listdir(folder / name))]
+        else:
+            out.append(name)
+    return out
 
 
 def test_allowed_host_is_fetched_on_every_turn(server: Server, hosts: MediaServer,

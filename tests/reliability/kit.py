@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -19,7 +18,7 @@ import httpx
 import psutil
 
 from sglang_omni.engines.native.lifecycle import running
-from tests.kit import parse_sse
+from tests.kit import STAGE_SCRATCH, parse_sse
 from tests.kit import script as script  # shared; re-exported for the reliability tests
 from tests.server import Server
 
@@ -33,8 +32,6 @@ SMALL = {"width": 32, "height": 32, "num_frames": 3}
 BODY_LIMIT = 2**20
 #: Seconds a stage process may take to exit after the server process did.
 ORPHAN_GRACE_S = 3.0
-#: A stage process's temporary folder (``StageHandle``: ``sgl-omni-<stage>-<random>``).
-STAGE_SCRATCH = re.compile(r"^(sgl-omni-[a-z_]+)-[a-z0-9_]{8}(?=/|$)")
 
 
 def error_shape_problem(body: Any) -> str | None:
