@@ -88,8 +88,9 @@ def test_interleaved_segments_render_in_order_with_their_sha256(page: Any, umm: 
     assert page.inner_text("#progress").startswith("done in")
     assert "3 Reasoner turns, 2 generations" in page.inner_text("#progress")
     page.wait_for_function("document.querySelector('#health-status').textContent === 'ok'")
-    page.wait_for_function("document.querySelector('#queue').textContent.includes('running')")
-    assert "0 of 32 running" in page.inner_text("#queue")
+    # the panel polls /v1/queue: its last poll may still show this request running
+    page.wait_for_function(
+        "document.querySelector('#queue').textContent.includes('0 of 32 running')")
     page.wait_for_function("[...document.querySelectorAll('video')].every(v => v.readyState >= 2)")
     screenshot(page, "playground-interleaved")
 
