@@ -87,3 +87,15 @@ def modalities_for(options: dict[str, Any]) -> tuple[str, ...]:
     if options.get("action_mode") == "forward_dynamics":
         return ("video",)
     return ("image", "video")
+
+
+def denoising_steps(options: Any) -> int | None:
+    """The ``num_inference_steps`` that generation ``options`` (or a stage's progress chunk,
+    ``{"step", "steps"}``, under ``steps``) name: a positive int, else None (the engine's
+    default, or nothing reported)."""
+    if not isinstance(options, dict):
+        return None
+    value = options.get("num_inference_steps", options.get("steps"))
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None

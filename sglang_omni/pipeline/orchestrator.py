@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.engines.generation_options import denoising_steps
 from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import (
@@ -240,18 +241,22 @@ class Orchestrator:
 
         if handle.spec.role == "generation":
             modality = str(payload.get("modality", "image"))
+            ran_steps = denoising_steps(payload.get("options"))
 
             async def run() -> StageResult:  # called once the stage is this request's
-                options = payload.get("options")
-                steps = options.get("num_inference_steps") if isinstance(options, dict) \
-                    else None
-                on_chunk = progress.generation_started(modality, steps)
+                on_progress = progress.generation_started(modality, ran_steps)
+
+                def on_chunk(chunk: dict[str, Any]) -> None:
+                    nonlocal ran_steps  # the stage says how many steps it runs
+                    ran_steps = denoising_steps(chunk) or ran_steps
+                    on_progress(chunk)
+
                 started = time.monotonic()
                 result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
                 observer.generation(modality, time.monotonic() - started)
                 return result
 
-            work = self.scheduler.generation(rid, modality, run)
+            work = self.scheduler.generation(rid, modality, run, lambda: ran_steps)
         else:
             async def run() -> StageResult:
                 progress.turn_started()
@@ -324,7 +329,7 @@ class Orchestrator:
             )
         run = self.controller.open(request)
         try:
-            self.scheduler.admit(request.rid, request.waited_s)
+            self.scheduler.admit(request.rid, request.waited_s, self._asked_steps(request))
         except BaseException as exc:
             run.close()
             if isinstance(exc, ServiceUnavailable):
@@ -335,6 +340,14 @@ class Orchestrator:
         self.progress[request.rid] = RunProgress()
         self.runs[request.rid] = run
         return run
+
+    def _asked_steps(self, request: UMMRequest) -> int | None:
+        """The denoising steps ``request`` asks of its generations (``stage_params`` of the
+        generation stage), None for the engine's default."""
+        for name, handle in self.stages.handles.items():
+            if handle.spec.role == "generation":
+                return denoising_steps(request.stage_params.get(name))
+        return None
 
     def release(self, rid: str) -> None:
         self.active.discard(rid)

@@ -121,6 +121,7 @@ class GenerationPlanner:
         self._clock = clock
         self._reasoner = SlidingExtremes(config.timeout_s)
         self._generation: dict[str, SlidingExtremes] = {}
+        self._per_step: dict[str, SlidingExtremes] = {}  # seconds per step, steps known
         self._requests: dict[str, PlannedRequest] = {}  # insertion order is admission order
 
     # --- queries ---------------------------------------------------------------------------------
@@ -129,8 +130,9 @@ class GenerationPlanner:
         """The measured times the plan uses now."""
         longest = {m: w.longest for m, w in self._generation.items() if w.longest is not None}
         shortest = {m: w.shortest for m, w in self._generation.items() if w.shortest is not None}
+        per_step = {m: w.longest for m, w in self._per_step.items() if w.longest is not None}
         return MeasuredTimes(self._reasoner.longest, MappingProxyType(longest),
-                             MappingProxyType(shortest))
+                             MappingProxyType(shortest), MappingProxyType(per_step))
 
     def allowance(self, request_id: str) -> int:
         """Generations the request's Reasoner may still ask for; 0: offer only a final answer.
@@ -225,7 +227,7 @@ class GenerationPlanner:
         before = {rid: r.allowance for rid, r in self._requests.items()}
         failed = self._settle(now)
         if isinstance(event, Admit):
-            result.refused = self._admit(event.request_id, now, event.waited_s)
+            result.refused = self._admit(event.request_id, now, event.waited_s, event.steps)
         if result.turn_of is not None and result.turn_of in self._requests:
             # The turn this event started is offered a generation if the settled plan allows one.
             req = self._requests[result.turn_of]
@@ -283,6 +285,10 @@ class GenerationPlanner:
         if event.modality not in self._generation:
             self._generation[event.modality] = SlidingExtremes(self.config.timeout_s)
         self._generation[event.modality].add(now, event.duration_s)
+        if event.steps is not None and event.steps > 0:
+            if event.modality not in self._per_step:
+                self._per_step[event.modality] = SlidingExtremes(self.config.timeout_s)
+            self._per_step[event.modality].add(now, event.duration_s / event.steps)
         req = self._requests.get(event.request_id)
         if req is None:
             return
@@ -296,23 +302,25 @@ class GenerationPlanner:
         result.turn_of = req.request_id
 
     # --- admission -------------------------------------------------------------------------------
-    def _admit(self, request_id: str, now: float, waited_s: float = 0.0) -> str | None:
-        """Plan a new request (rule 1, rule 5) that already waited ``waited_s`` elsewhere; the
-        refusal message, or None when admitted."""
+    def _admit(self, request_id: str, now: float, waited_s: float = 0.0,
+               steps: int | None = None) -> str | None:
+        """Plan a new request (rule 1, rule 5) of ``steps`` denoising steps a generation that
+        already waited ``waited_s`` elsewhere; the refusal message, or None when admitted."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id} is already active")
         waited_s = max(0.0, waited_s)
-        allowance, _, refusal = self._offer(now, waited_s)
+        allowance, _, refusal = self._offer(now, waited_s, steps)
         if refusal is None:
             self._requests[request_id] = PlannedRequest(
                 request_id, now, now - waited_s + self.config.timeout_s, Phase.REASONING, now,
-                allowance, 0, allowance > 0)
+                allowance, 0, allowance > 0, steps=steps)
         return refusal
 
-    def _offer(self, now: float, waited_s: float = 0.0) -> tuple[int, int, str | None]:
-        """``(allowance, idle allowance, refusal)`` of a request admitted now after waiting
-        ``waited_s`` elsewhere (the idle allowance is an idle server's on its arrival);
-        changes nothing."""
+    def _offer(self, now: float, waited_s: float = 0.0, steps: int | None = None
+               ) -> tuple[int, int, str | None]:
+        """``(allowance, idle allowance, refusal)`` of a request of ``steps`` steps a
+        generation admitted now after waiting ``waited_s`` elsewhere (the idle allowance is an
+        idle server's on its arrival); changes nothing."""
         cfg = self.config
         times = self.times
         if times.generation_s is None:
@@ -323,14 +331,16 @@ class GenerationPlanner:
                     f"s, longer than timeout_s ({cfg.timeout_s:g} s), so no generation can "
                     "finish before a request's deadline; retry later.")
             return cfg.max_generations, cfg.max_generations, None
-        idle = self._fit_new(now, now, times)
+        idle = self._fit_new(now, now, times, steps=steps)
         if idle == 0 and cfg.max_generations > 0:
+            if steps is not None and self._fit_new(now, now, times) > 0:
+                return 0, 0, self._too_many_steps(steps, times)
             return 0, 0, (
                 f"One generation ({times.generation_s:.1f} s) with the Reasoner turns "
                 f"around it ({times.reasoner:.1f} s each) takes longer than timeout_s "
                 f"({cfg.timeout_s:g} s); retry later.")
         _, free = project(list(self._requests.values()), now, times)
-        allowance = self._fit_new(now, free, times, waited_s)
+        allowance = self._fit_new(now, free, times, waited_s, steps)
         if allowance < idle:
             waited = (f", after waiting {waited_s:.1f} s in the fleet's queue" if waited_s > 0
                       else "")
@@ -342,10 +352,10 @@ class GenerationPlanner:
         return allowance, idle, None
 
     def _fit_new(self, now: float, free: float, times: MeasuredTimes,
-                 waited_s: float = 0.0) -> int:
-        """The most generations a request admitted now, after waiting ``waited_s`` elsewhere,
-        fits behind a stage free at ``free``."""
-        probe = self._probe(now, waited_s)
+                 waited_s: float = 0.0, steps: int | None = None) -> int:
+        """The most generations of ``steps`` steps a request admitted now, after waiting
+        ``waited_s`` elsewhere, fits behind a stage free at ``free``."""
+        probe = replace(self._probe(now, waited_s), steps=steps)
         for allowance in range(self.config.max_generations, 0, -1):
             if worst_case(probe, allowance, free, now, times)[0] <= probe.deadline + EPS:
                 return allowance
@@ -416,6 +426,16 @@ class GenerationPlanner:
                     break
                 req = requests[i] = self._requests[req.request_id] = trial
             free = worst_case(req, req.allowance, free, now, times)[1]
+
+    def _too_many_steps(self, steps: int, times: MeasuredTimes) -> str:
+        """Why a request whose ``steps`` alone rule out every generation is refused."""
+        per_step = max(times.step_s.values())
+        fit = int(max(0.0, self.config.timeout_s - 2 * times.reasoner) / per_step)
+        return (f"One generation of {steps} denoising steps ({times.generation(steps):.1f} s "
+                f"at the {per_step:.2f} s a step measured) with the Reasoner turns around it "
+                f"({times.reasoner:.1f} s each) takes longer than timeout_s "
+                f"({self.config.timeout_s:g} s); ask for fewer num_inference_steps (about "
+                f"{fit} fit).")
 
     def _fail_fast(self, req: PlannedRequest, short_finish: float, earlier: int,
                    times: MeasuredTimes) -> FailFast:

@@ -44,10 +44,14 @@ class Admit:
     ``waited_s``: how long the request already waited before it reached this server (in a
     fleet gateway's queue; 0 for a client's own request). Its deadline is ``timeout_s`` after it
     arrived there, and it is admitted only if that still leaves it what an idle server would
-    have given it on arrival."""
+    have given it on arrival.
+
+    ``steps``: the denoising steps the request asks of each generation (None: the engine's
+    default). More steps than were measured are planned at the measured seconds per step."""
 
     request_id: str
     waited_s: float = 0.0
+    steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,14 @@ class GenerationFinished:
 
     The request's next Reasoner turn starts at once, offered ``allowance(request_id)``
     generations. The measurement is recorded even if the request is no longer active. Do not send
-    it for a cancelled generation: a cancelled generation measured nothing.
+    it for a cancelled generation: a cancelled generation measured nothing. ``steps``: the
+    denoising steps it ran, if known (then it is also a sample of seconds per step).
     """
 
     request_id: str
     modality: str
     duration_s: float
+    steps: int | None = None
 
 
 @dataclass(frozen=True)

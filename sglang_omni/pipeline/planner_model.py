@@ -13,6 +13,10 @@ The times (:class:`~sglang_omni.pipeline.planner_times.MeasuredTimes`):
 * ``G[m]``  the longest generation of modality ``m``, and ``g[m]`` the shortest;
 * ``G``     the longest generation of any modality.
 
+Each at the request's step count (``PlannedRequest.steps``): a request asking for more steps than
+were measured counts its generations at the measured seconds per step times its steps when that
+is longer (:class:`~sglang_omni.pipeline.planner_times.MeasuredTimes`).
+
 A modality not measured yet counts at ``G`` (and its shortest at 0): its first measurement is a
 longer time like any other.
 
@@ -69,6 +73,7 @@ class PlannedRequest:
     offered: bool  # whether the current (or just ended) turn was offered a generation
     modality: str | None = None  # of the pending generation
     kept_at_shortest: bool = False  # its pending generation fits only at the shortest time
+    steps: int | None = None  # denoising steps of its generations (None: the engine's default)
 
     @property
     def pending(self) -> bool:
@@ -98,7 +103,8 @@ def worst_case(req: PlannedRequest, allowance: int, free: float, now: float,
             return ready + turn, free
     else:
         assert req.modality is not None
-        took = times.shortest(req.modality) if own_at_shortest else times.longest(req.modality)
+        took = (times.shortest(req.modality) if own_at_shortest
+                else times.longest(req.modality, req.steps))
         if req.phase is Phase.QUEUED:
             end = max(now, free) + took
         else:
@@ -106,7 +112,7 @@ def worst_case(req: PlannedRequest, allowance: int, free: float, now: float,
         free = max(free, end)
         ready = end + turn
     for _ in range(allowance):
-        free = max(ready, free) + times.generation_s  # type: ignore[operator]
+        free = max(ready, free) + times.generation(req.steps)
         ready = free + turn
     return ready, free
 
@@ -116,7 +122,7 @@ def stage_free(requests: Iterable[PlannedRequest], now: float, times: MeasuredTi
     for req in requests:
         if req.phase is Phase.GENERATING:
             assert req.modality is not None
-            return max(req.since + times.longest(req.modality), now)
+            return max(req.since + times.longest(req.modality, req.steps), now)
     return now
 
 

@@ -3,6 +3,14 @@
 Every Reasoner turn and every generation that finished is a sample. A series keeps the longest
 and the shortest of its samples of the last ``timeout_s``; once all of them have expired its
 latest sample stands in, so a quiet spell does not forget what was measured.
+
+A generation's time grows with its denoising steps (each step is one pass of the same model over
+the same latents; encoding and decoding around them add a fixed cost). A generation whose step
+count is known is also a sample of its modality's seconds per step, so a request asking for more
+steps than were measured is planned at ``per-step x steps`` rather than at the time of the
+shorter generations measured: with a non-negative fixed cost, ``t_j x s / s_j`` bounds the time
+of ``s >= s_j`` steps from above. Fewer steps than measured are planned at the longest time, as
+before (scaling down would drop the fixed cost).
 """
 
 from __future__ import annotations
@@ -54,31 +62,51 @@ class SlidingExtremes:
 class MeasuredTimes:
     """The times the plan uses, in seconds; None / absent where nothing was measured.
 
-    ``longest_s``/``shortest_s`` are by modality. Not hashable (it holds mappings).
+    ``longest_s``/``shortest_s`` are by modality, and ``step_s`` the longest seconds per
+    denoising step by modality (of the generations whose step count is known). Not hashable (it
+    holds mappings).
     """
 
     reasoner_s: float | None = None
     longest_s: Mapping[str, float] = field(default_factory=dict)
     shortest_s: Mapping[str, float] = field(default_factory=dict)
+    step_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def generation_s(self) -> float | None:
         """The longest generation of any modality: what a generation not yet chosen may take."""
         return max(self.longest_s.values()) if self.longest_s else None
 
+    def generation(self, steps: int | None = None) -> float:
+        """What a generation not yet chosen, of ``steps`` steps (None: the engine's default),
+        may take: the longest of any modality at that step count.
+
+        Only valid once a generation was measured (``generation_s`` is not None).
+        """
+        assert self.longest_s, "no generation measured yet"
+        return max(self._at(m, steps) for m in self.longest_s)
+
     @property
     def reasoner(self) -> float:
         """The longest Reasoner turn, 0 before any was measured."""
         return self.reasoner_s or 0.0
 
-    def longest(self, modality: str) -> float:
-        """The longest generation of ``modality``; of any modality if that one is unmeasured.
+    def longest(self, modality: str, steps: int | None = None) -> float:
+        """The longest generation of ``modality`` at ``steps`` steps (None: the engine's
+        default); of any modality if that one is unmeasured.
 
         Only valid once a generation was measured (``generation_s`` is not None).
         """
-        value = self.longest_s.get(modality, self.generation_s)
-        assert value is not None, "no generation measured yet"
-        return value
+        if modality in self.longest_s:
+            return self._at(modality, steps)
+        return self.generation(steps)
+
+    def _at(self, modality: str, steps: int | None) -> float:
+        longest = self.longest_s[modality]
+        per_step = self.step_s.get(modality)
+        if steps is None or per_step is None:
+            return longest
+        return max(longest, per_step * steps)
 
     def shortest(self, modality: str) -> float:
         """The shortest generation of ``modality``; 0 if unmeasured (nothing rules a fit out)."""
@@ -89,5 +117,7 @@ class MeasuredTimes:
         if self.reasoner_s is not None and (before.reasoner_s is None
                                             or self.reasoner_s > before.reasoner_s):
             return True
-        return any(m not in before.longest_s or value > before.longest_s[m]
-                   for m, value in self.longest_s.items())
+        return any(m not in earlier or value > earlier[m]
+                   for now, earlier in ((self.longest_s, before.longest_s),
+                                        (self.step_s, before.step_s))
+                   for m, value in now.items())

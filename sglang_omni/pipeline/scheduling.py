@@ -71,10 +71,11 @@ class PlannedGenerations:
         self._ticker: asyncio.Task | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def admit(self, rid: str, waited_s: float = 0.0) -> None:
-        """Plan a new request that already waited ``waited_s`` before it reached this server
-        (see :class:`Admit`); ServiceUnavailable when the planner refuses it."""
-        update = self.planner.handle(Admit(rid, waited_s))
+    def admit(self, rid: str, waited_s: float = 0.0, steps: int | None = None) -> None:
+        """Plan a new request, of ``steps`` denoising steps a generation (None: the engine's
+        default), that already waited ``waited_s`` before it reached this server (see
+        :class:`Admit`); ServiceUnavailable when the planner refuses it."""
+        update = self.planner.handle(Admit(rid, waited_s, steps))
         if update.refused is None:
             self.requests[rid] = _Request()
         self._act(update)
@@ -115,7 +116,8 @@ class PlannedGenerations:
         return {"queued_generations": sum(1 for p in plan if p["phase"] == "queued"),
                 "plan": plan,
                 "measured": {"reasoner_s": times.reasoner_s, "longest_s": dict(times.longest_s),
-                             "shortest_s": dict(times.shortest_s)}}
+                             "shortest_s": dict(times.shortest_s),
+                             "step_s": dict(times.step_s)}}
 
     # --- dispatches --------------------------------------------------------------------------
     async def reasoner_turn(self, rid: str, run: Callable[[], Awaitable[T]]) -> T:
@@ -133,8 +135,10 @@ class PlannedGenerations:
             state.after_turn = True
         return result
 
-    async def generation(self, rid: str, modality: str, run: Callable[[], Awaitable[T]]) -> T:
-        """Queue a generation, run it once the scheduler started it for this request, measure it.
+    async def generation(self, rid: str, modality: str, run: Callable[[], Awaitable[T]],
+                         ran_steps: Callable[[], int | None] = lambda: None) -> T:
+        """Queue a generation, run it once the scheduler started it for this request, measure it
+        (``ran_steps()``, read once it finished: the denoising steps it ran, if known).
 
         Raises DispatchReceipt when the plan no longer allows the generation (it is not run; the
         request's next Reasoner turn is offered only a final answer), ServiceUnavailable when the
@@ -170,7 +174,8 @@ class PlannedGenerations:
             self.release(rid)
             return result
         if rid in self.requests:
-            self._apply(GenerationFinished(rid, modality, time.monotonic() - start))
+            self._apply(GenerationFinished(rid, modality, time.monotonic() - start,
+                                           ran_steps()))
         return result
 
     @staticmethod

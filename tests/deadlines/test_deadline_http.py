@@ -128,3 +128,30 @@ def test_the_next_generation_waits_until_an_aborted_one_has_ended_on_the_stage()
         queued.join(30)
         assert waiting["resp"].status_code == 200
         assert aborted(server) == 1
+
+
+def test_steps_beyond_what_fits_are_refused_up_front_not_timed_out() -> None:
+    """A request asking for more denoising steps than were measured is planned at the measured
+    time per step (the stage reports the 4 steps it ran by default): 100 steps of 0.25 s cannot
+    finish in timeout_s 12, so it gets 503 saying to ask for fewer, at once, instead of holding
+    the stage until its deadline and ending with 504."""
+    with planned_server(12) as server:
+        measure(server)
+        start = time.monotonic()
+        image = script({"action": "image", "prompt": "many steps"}, {"action": "final",
+                                                                      "text": "never"})
+        resp = httpx.post(f"{server.url}/generate", timeout=60, json={
+            "prompt": image, "stage_params": {"generation": {**SMALL,
+                                                             "num_inference_steps": 100}}})
+        assert resp.status_code == 503, resp.text
+        message = resp.json()["error"]["message"]
+        assert "100 denoising steps" in message and "fewer num_inference_steps" in message
+        assert time.monotonic() - start < 5
+        assert refusals(server, "plan") == 1
+        # 12 steps (3 s) fit: planned at 3 s, run and answered
+        resp = httpx.post(f"{server.url}/generate", timeout=60, json={
+            "prompt": image.replace("never", "ok"),
+            "stage_params": {"generation": {**SMALL, "num_inference_steps": 12}}})
+        assert resp.status_code == 200, resp.text
+        assert httpx.get(f"{server.url}/v1/queue").json()["measured"]["longest_s"]["image"] \
+            > 2.9

@@ -415,3 +415,70 @@ def test_turn_started_after_a_receipt_turn_keeps_the_plan() -> None:
     planner.handle(GenerationQueued("A", "image"))
     with pytest.raises(ValueError):
         planner.handle(TurnStarted("A"))
+
+
+# --- denoising steps ------------------------------------------------------------------------------
+def measure_steps(planner, modality: str, seconds: float, steps: int | None) -> None:
+    planner.handle(GenerationFinished(GHOST, modality, seconds, steps))
+
+
+def test_more_steps_than_measured_are_planned_at_the_time_per_step() -> None:
+    planner, _ = make()
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 10, steps=10)  # 1 s a step
+    # 30 steps: 30 s a generation. Idle: 1 + 30 + 1 + 30 + 1 = 63 <= 100: both generations.
+    assert planner.handle(Admit("A", steps=30)).refused is None
+    assert planner.allowance("A") == 2
+    assert planner.plan()[0].finish == pytest.approx(63)
+    # Behind A (stage free at 61) B's first 30-step generation ends 61 + 30 = 91 (-> 92), a
+    # second at 122: 1 of 2, refused. At the engine's default (10 s a generation) B would fit.
+    update = planner.handle(Admit("B", steps=30))
+    assert update.refused is not None and "only 1 of the 2 generations" in update.refused
+    assert planner.handle(Admit("C")).refused is None
+
+
+def test_fewer_steps_than_measured_keep_the_longest_time() -> None:
+    planner, _ = make()
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 10, steps=10)
+    planner.handle(Admit("A", steps=2))  # 2 x 1 s would drop the fixed cost: planned at 10 s
+    assert planner.plan()[0].finish == pytest.approx(1 + 10 + 1 + 10 + 1)
+
+
+def test_a_request_whose_steps_alone_do_not_fit_is_told_to_ask_for_fewer() -> None:
+    planner, _ = make()
+    measure(planner, reasoner=1)
+    measure_steps(planner, "video", 20, steps=10)  # 2 s a step
+    # 60 steps: 120 s, longer than timeout_s 100 on an idle server.
+    message = refuse_with(planner, Admit("A", steps=60))
+    assert "60 denoising steps" in message and "fewer num_inference_steps" in message
+    assert "about 49 fit" in message  # (100 - 2 x 1) / 2
+    assert planner.handle(Admit("B", steps=40)).refused is None  # 80 s + 2 turns fits
+
+
+def test_a_longer_time_per_step_is_a_longer_time() -> None:
+    planner, _ = make()
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 10, steps=10)
+    assert planner.handle(Admit("A", steps=40)).refused is None  # 40 s a generation: 1 of 2
+    assert planner.allowance("A") == 2
+    # the same 10 s generation measured at 5 steps: 2 s a step, so 80 s for A's generations
+    update = planner.handle(GenerationFinished(GHOST, "image", 10, 5))
+    assert update.measured_longer
+    assert update.lowered == (PlanChange("A", 2, 1),)
+
+
+def test_generations_of_unknown_steps_measure_no_time_per_step() -> None:
+    planner, _ = make()
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 10, steps=None)
+    assert planner.times.step_s == {}
+    planner.handle(Admit("A", steps=100))  # nothing to scale by: the longest time stands
+    assert planner.plan()[0].finish == pytest.approx(23)
+
+
+def refuse_with(planner, admit: Admit) -> str:
+    update = planner.handle(admit)
+    assert update.refused is not None
+    assert admit.request_id not in allowances(planner)
+    return update.refused

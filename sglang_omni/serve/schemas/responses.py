@@ -190,7 +190,8 @@ class Queue(BaseModel):
     queued_generations: int
     plan: list[PlannedRequest]
     measured: dict[str, Any] = Field(description="the planner's times in seconds: reasoner_s "
-                                     "(longest turn), longest_s and shortest_s by modality")
+                                     "(longest turn), longest_s and shortest_s by modality, step_s "
+                                     "(longest seconds per denoising step) by modality")
 
 
 #: Routes that name a model: 404 when it is not the served one.
