@@ -82,9 +82,8 @@ from sglang_omni.scale.asgi_call import (
 from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, merge
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
-from sglang_omni.serve.app import error_response
 from sglang_omni.serve.body_budget import BodyBudget, BodyLease
-from sglang_omni.serve.http_errors import GENERIC_500
+from sglang_omni.serve.http_errors import GENERIC_500, error_response
 from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
 from sglang_omni.serve.umm_wire import error_event

@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import OmniError, ServiceUnavailable
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.auth import ApiKeyAuth
@@ -29,7 +28,7 @@ from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.chat_routes import chat_routes
 from sglang_omni.serve.direct_routes import direct_routes
 from sglang_omni.serve.docs import docs_router
-from sglang_omni.serve.http_errors import CLOSE_AFTER, install_error_handlers
+from sglang_omni.serve.http_errors import error_response, install_error_handlers
 from sglang_omni.serve.interleaved_routes import interleaved_routes
 from sglang_omni.serve.metrics import ServerMetrics
 from sglang_omni.serve.mode_routes import ModeRoutes
@@ -50,18 +49,6 @@ MODE_ROUTES: dict[str, Callable[[Orchestrator, str], ModeRoutes]] = {
     "chat": chat_routes,
     "generation": direct_routes,
 }
-
-
-def error_response(exc: OmniError,
-                   retry_after_s: int = ServerSettings.retry_after_s) -> Response:
-    """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``, a 408
-    or 413 ``Connection: close`` (the rest of that body is not read); the body is ASCII JSON,
-    so no message text can fail to encode."""
-    unavailable = isinstance(exc, ServiceUnavailable) or exc.status == ServiceUnavailable.status
-    headers = {"Retry-After": str(retry_after_s)} if unavailable else {}
-    if exc.status in CLOSE_AFTER:
-        headers["Connection"] = "close"
-    return json_response(exc.to_body(), exc.status, headers or None)
 
 
 def create_app(config: ResolvedConfig, model_name: str | None = None,

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_omni.errors import HeadersTooLarge
 from sglang_omni.serve.connection import MAX_HEADER_BYTES
-from sglang_omni.serve.responses import json_response
+from sglang_omni.serve.http_errors import error_response
 from sglang_omni.serve.ws_messages import WS_POLICY_VIOLATION
 
 
@@ -37,13 +37,14 @@ class HeadLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or head_bytes(scope) <= self.limit:
+        size = head_bytes(scope) if scope["type"] in ("http", "websocket") else 0
+        if size <= self.limit:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": WS_POLICY_VIOLATION,
                         "reason": f"request headers over {self.limit} bytes"})
             return
-        error = HeadersTooLarge(f"the request line and headers are {head_bytes(scope)} bytes, "
-                                f"over the server's {self.limit}; send fewer or shorter headers")
-        await json_response(error.to_body(), error.status)(scope, receive, send)
+        error = HeadersTooLarge(f"the request line and headers are {size} bytes, over the "
+                                f"server's {self.limit}; send fewer or shorter headers")
+        await error_response(error)(scope, receive, send)

@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -30,10 +31,12 @@ from sglang_omni.errors import (
     PayloadTooLarge,
     RequestTooSlow,
     ServerError,
+    ServiceUnavailable,
     Unauthorized,
     UnsupportedMediaType,
     is_client_error,
 )
+from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.validation import bad_request_of
 
 log = logging.getLogger("sglang_omni.serve")
@@ -45,6 +48,18 @@ CLIENT_CLOSED_REQUEST = 499
 CLOSE_AFTER = (RequestTooSlow.status, PayloadTooLarge.status)
 GENERIC_500 = ("the server failed this request unexpectedly; the error is logged on the server. "
                "Retry, and report it if it persists")
+
+def error_response(exc: OmniError,
+                   retry_after_s: int = ServerSettings.retry_after_s) -> Response:
+    """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``, a 408
+    or 413 ``Connection: close`` (the rest of that body is not read); the body is ASCII JSON,
+    so no message text can fail to encode."""
+    unavailable = isinstance(exc, ServiceUnavailable) or exc.status == ServiceUnavailable.status
+    headers = {"Retry-After": str(retry_after_s)} if unavailable else {}
+    if exc.status in CLOSE_AFTER:
+        headers["Connection"] = "close"
+    return json_response(exc.to_body(), exc.status, headers or None)
+
 
 _BY_STATUS: dict[int, type[OmniError]] = {
     cls.status: cls for cls in (BadRequest, Unauthorized, NotFound, MethodNotAllowed,
