@@ -2,13 +2,16 @@
 
 Usage: python benchmarks/scale_out.py [--duration 60] [--replicas 1,2,4] [--loads 0.5,1,2]
        [--routers deadline,pow2,round_robin] [--step-time 0.05] [--timeout 10] [--seed 7]
+       [--repeats 1]
 
 Starts a local Ray instance, deploys the interleaved pipeline with the scripted engines
 (``configs/cpu-scripted.yaml``; generation ``step_time_s`` = ``--step-time``, so generations take
-real time without using the CPU; ``timeout_s`` = ``--timeout``) on each replica count with each
-router, and offers each load: Poisson arrivals at ``load`` x the cluster's generation capacity
-(``replicas`` / the mean generation-stage seconds of a request) for ``--duration`` seconds, then
-waits for every request to end. A request is one modality (image 60 %, video 40 %; an image is 4
+real time without using the CPU; ``timeout_s`` = ``--timeout``, the deadline: a comma-separated
+list runs each) on each replica count with each router, and offers each load: Poisson arrivals at
+``load`` x the cluster's generation capacity (``replicas`` / the mean generation-stage seconds of
+a request) for ``--duration`` seconds, then waits for every request to end. ``--repeats N`` runs
+each point on N traces (seeds ``--seed`` .. ``--seed``+N-1, the same for every router) and
+reports them together. A request is one modality (image 60 %, video 40 %; an image is 4
 denoising steps, a video 12) and 0-8 generations (uniform), streamed from ``/generate``.
 
 ``deadline`` is the deadline-aware router with 503 retries and requests waiting at the gateway
@@ -76,6 +79,7 @@ class Point:
     replicas: int
     router: str
     load: float
+    timeout_s: float
     outcomes: list[Outcome] = field(default_factory=list)
     span_s: float = 0.0
     idle_queued: float = 0.0
@@ -144,25 +148,27 @@ def stage_totals() -> tuple[float, float, float]:
 
 
 async def run_load(url: str, point: Point, rate: float, args: argparse.Namespace,
-                   timeout_s: float) -> None:
-    specs = trace(rate, args.duration, random.Random(f"{args.seed}-{point.replicas}-{point.load}"))
+                   seed: int) -> None:
+    """Offer one trace (``seed``) and add what happened to ``point``."""
+    specs = trace(rate, args.duration, random.Random(f"{seed}-{point.replicas}-{point.load}"))
     idle0, queued0, busy0 = stage_totals()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=timeout_s + 60, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=point.timeout_s + 60, limits=limits) as client:
         start = time.monotonic()
-        point.outcomes = await asyncio.gather(*(one(client, url, s, start) for s in specs))
-        point.span_s = time.monotonic() - start
+        point.outcomes += await asyncio.gather(*(one(client, url, s, start) for s in specs))
+        point.span_s += time.monotonic() - start
     idle1, queued1, busy1 = stage_totals()
-    point.idle_queued, point.queued = idle1 - idle0, queued1 - queued0
-    point.busy = busy1 - busy0
+    point.idle_queued += idle1 - idle0
+    point.queued += queued1 - queued0
+    point.busy += busy1 - busy0
 
 
-def deploy(replicas: int, router: str, args: argparse.Namespace) -> None:
+def deploy(replicas: int, router: str, timeout_s: float, args: argparse.Namespace) -> None:
     if APP in serve.status().applications:
         serve.delete(APP)
     name, _, variant = router.partition("+")
     overrides = {"generation.factory.step_time_s": args.step_time,
-                 "orchestrator.factory.timeout_s": args.timeout,
+                 "orchestrator.factory.timeout_s": timeout_s,
                  "orchestrator.factory.max_active": 64}
     source = ServerSource.from_file(CONFIG, overrides)
     retries = None if name == "deadline" or variant == "retry" else 0
@@ -191,13 +197,14 @@ async def warm(url: str, replicas: int) -> None:
                 return
 
 
-def row(p: Point, timeout_s: float) -> dict[str, Any]:
+def row(p: Point) -> dict[str, Any]:
     done = [o for o in p.outcomes if o.end == "complete"]
-    good = [o for o in done if o.latency <= timeout_s]
+    good = [o for o in done if o.latency <= p.timeout_s]
     lat = sorted(o.latency for o in done)
     n = max(1, len(p.outcomes))
     return {
-        "replicas": p.replicas, "router": p.router, "load": p.load, "requests": len(p.outcomes),
+        "replicas": p.replicas, "timeout_s": p.timeout_s, "router": p.router, "load": p.load,
+        "requests": len(p.outcomes),
         "completed": len(done), "thr/s": len(done) / p.span_s if p.span_s else 0.0,
         "goodput/s": len(good) / p.span_s if p.span_s else 0.0,
         "p50": statistics.median(lat) if lat else float("nan"),
@@ -212,8 +219,8 @@ def row(p: Point, timeout_s: float) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ["replicas", "router", "load", "requests", "thr/s", "goodput/s", "p50", "p99", "503",
-            "ff", "t/o", "errors", "idle|q", "busy"]
+    head = ["replicas", "timeout_s", "router", "load", "requests", "thr/s", "goodput/s", "p50",
+            "p99", "503", "ff", "t/o", "errors", "idle|q", "busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = []
@@ -221,7 +228,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             v = r[k]
             if k in ("503", "idle|q", "busy"):
                 cells.append(f"{100 * v:.1f}%")
-            elif isinstance(v, float) and k != "load":
+            elif isinstance(v, float) and k not in ("load", "timeout_s"):
                 cells.append(f"{v:.2f}")
             else:
                 cells.append(f"{v:g}" if isinstance(v, float) else str(v))
@@ -236,12 +243,15 @@ def main() -> int:
     parser.add_argument("--loads", default="0.5,1,2")
     parser.add_argument("--routers", default="deadline,pow2,round_robin")
     parser.add_argument("--step-time", type=float, default=0.05)
-    parser.add_argument("--timeout", type=float, default=10.0, help="timeout_s (the deadline)")
+    parser.add_argument("--timeout", default="10",
+                        help="timeout_s (the deadline), or several, comma-separated")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=1, help="traces per point")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     replica_counts = [int(x) for x in args.replicas.split(",")]
     loads = [float(x) for x in args.loads.split(",")]
+    timeouts = [float(x) for x in args.timeout.split(",")]
     routers = args.routers.split(",")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -252,20 +262,22 @@ def main() -> int:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     per_request = mean_stage_s(args.step_time)
     print(f"mean generation-stage time of a request {per_request:.2f} s; capacity "
-          f"{1 / per_request:.3f} requests/s a replica; timeout_s {args.timeout:g}",
+          f"{1 / per_request:.3f} requests/s a replica; timeout_s {args.timeout}",
           file=sys.stderr, flush=True)
     rows = []
     try:
         for n in replica_counts:
-            for router in (routers[:1] if n == 1 else routers):
-                deploy(n, router, args)
-                asyncio.run(warm(url, n))
-                for load in loads:
-                    point = Point(n, router, load)
-                    asyncio.run(run_load(url, point, load * n / per_request, args,
-                                         args.timeout))
-                    rows.append(row(point, args.timeout))
-                    print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+            for timeout_s in timeouts:
+                for router in (routers[:1] if n == 1 else routers):
+                    deploy(n, router, timeout_s, args)
+                    asyncio.run(warm(url, n))
+                    for load in loads:
+                        point = Point(n, router, load, timeout_s)
+                        for seed in range(args.seed, args.seed + args.repeats):
+                            asyncio.run(run_load(url, point, load * n / per_request, args, seed))
+                        rows.append(row(point))
+                        print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr,
+                              flush=True)
     finally:
         serve.shutdown()
         ray.shutdown()

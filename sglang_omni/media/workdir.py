@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import tempfile
 import weakref
 from pathlib import Path
@@ -22,6 +23,53 @@ _SUFFIX_RE = re.compile(r"^\.[A-Za-z0-9]{1,15}$")
 
 def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def owned_prefix(prefix: str) -> str:
+    """``prefix`` marked with this host and process (``{prefix}{host}-{pid}-``), so that
+    :func:`remove_orphans` can tell a folder whose process is gone from one in use."""
+    return f"{prefix}{_host()}-{os.getpid()}-"
+
+
+def remove_orphans(base: str | os.PathLike[str], prefix: str) -> list[str]:
+    """Remove the folders under ``base`` made with ``owned_prefix(prefix)`` by a process of
+    this host that no longer runs (one killed before it could remove them); the names removed.
+
+    Folders of other hosts (a shared ``base``) and of running processes are left alone.
+    """
+    pattern = re.compile(rf"^{re.escape(prefix)}{re.escape(_host())}-(\d+)-")
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if not _running(int(match.group(1))):
+            _remove(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (one of another user's counts)."""
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (or no such pid at all)
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RequestMediaDir:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from sglang_omni.media import RequestMediaDir
+from sglang_omni.media.workdir import owned_prefix, remove_orphans
 
 
 def test_removed_on_exit_and_close_is_idempotent(tmp_path: Path) -> None:
@@ -74,3 +79,35 @@ def test_suffix_cannot_add_path_components(tmp_path: Path, suffix: str) -> None:
     with RequestMediaDir(tmp_path) as workdir:
         f = workdir.new_file(suffix)
         assert f.parent == workdir.path and f.suffix == ""
+
+
+def test_folders_of_a_killed_process_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    """A process killed with SIGKILL cannot remove its request folders; the next process to
+    start on the same folder removes them (native generation's ``output_dir``), and only them."""
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from sglang_omni.media import RequestMediaDir\n"
+         "from sglang_omni.media.workdir import owned_prefix\n"
+         f"d = RequestMediaDir({str(tmp_path)!r}, prefix=owned_prefix('omni-gen-'))\n"
+         "d.new_file('.mp4').write_bytes(b'x' * 1000)\n"
+         "print(d.path.name, flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        orphan = child.stdout.readline().strip()
+        assert orphan.startswith("omni-gen-")
+        mine = RequestMediaDir(tmp_path, prefix=owned_prefix("omni-gen-"))
+        assert remove_orphans(tmp_path, "omni-gen-") == []  # its process still runs
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    other_host = tmp_path / f"omni-gen-elsewhere-{child.pid}-abc"
+    other_host.mkdir()  # a shared output_dir: another host's folder is not ours to judge
+    unrelated = tmp_path / "omni-media-xyz"
+    unrelated.mkdir()
+    assert remove_orphans(tmp_path, "omni-gen-") == [orphan]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [mine.path.name, other_host.name, unrelated.name])
+    mine.close()
+    assert remove_orphans(tmp_path / "missing", "omni-gen-") == []

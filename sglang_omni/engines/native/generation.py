@@ -61,12 +61,15 @@ from sglang_omni.media import RequestMediaDir, materialize
 from sglang_omni.media.action_refs import action_media_refs, replace_action_media
 from sglang_omni.media.refs import iter_generation_media_refs
 from sglang_omni.media.settings import policy_from_spec
+from sglang_omni.media.workdir import owned_prefix, remove_orphans
 
 log = logging.getLogger("sglang_omni.native_generation")
 
 MODALITIES = ("image", "video", "action")
 #: Seconds between reads of the denoising step the plugin recorded (progress chunks).
 PROGRESS_POLL_S = 0.25
+#: Each request's native output folder under ``output_dir``: ``omni-gen-<host>-<pid>-*``.
+OUTPUT_PREFIX = "omni-gen-"
 PARALLEL_ARGS = ("num_gpus", "tp_size", "sp_degree", "ulysses_degree", "ring_degree")
 
 
@@ -140,6 +143,10 @@ class NativeGenerator:
             log.info("audiovisual generation is on (%s): checkpoint and FFmpeg AAC checked",
                      AUDIO_FLAG)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        orphans = remove_orphans(self.output_dir, OUTPUT_PREFIX)
+        if orphans:
+            log.info("removed %d request folder(s) under %s left by a stage process that was "
+                     "killed: %s", len(orphans), self.output_dir, ", ".join(orphans[:5]))
         if self.plan.mode == "plugin":
             self.site = CancellationPluginSite()
             self.site.activate(self.driver.register_own_plugins)
@@ -231,7 +238,7 @@ class NativeGenerator:
         async with self._turn:
             self._raise_if_dead()
             job.emit({"step": 0, "steps": options.get("num_inference_steps")})
-            with RequestMediaDir(self.output_dir, prefix="omni-gen-") as folder:
+            with RequestMediaDir(self.output_dir, prefix=owned_prefix(OUTPUT_PREFIX)) as folder:
                 if modality == "action":
                     request = await self._action_request(payload.get("request"), folder)
                     work: Callable[[], Any] = partial(self.driver.generate_action, request,
