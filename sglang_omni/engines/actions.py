@@ -20,18 +20,39 @@ ACTION_MODES = ("policy", "inverse_dynamics")
 MODEL_ACTION_DIM = 64
 
 
+#: What the native route takes from ``input`` beside its ``observation`` (``task`` and
+#: ``prompt`` become the prompt).
+INPUT_KEYS = ("images", "state", "noise", "image", "image_path", "input_reference", "video",
+              "video_path")
+
+
 def action_fields(request: dict[str, Any]) -> dict[str, Any]:
-    """The native action route's fields, flattened: body, ``input``, its ``observation``, then
-    ``parameters`` (later ones win), as the native Cosmos3 action route reads them."""
-    fields = {k: v for k, v in request.items() if k not in ("input", "parameters", "runtime")}
-    given = request.get("input")
-    if isinstance(given, dict):
-        fields.update({k: v for k, v in given.items() if k != "observation"})
-        if isinstance(given.get("observation"), dict):
-            fields.update(given["observation"])
+    """The fields the native Cosmos3 action route reads, flattened as it reads them: without
+    ``input``, the body; with it, ``input.observation`` and, from ``input``, the prompt
+    (``task``, else ``prompt``) and :data:`INPUT_KEYS` (the rest of the body and of ``input``
+    is not read); then ``parameters``, which win. Every check of an action request and every
+    backend reads this one mapping."""
+    if "input" not in request:
+        fields = {k: v for k, v in request.items() if k not in ("parameters", "runtime")}
+    else:
+        given = request.get("input") or {}
+        given = given if isinstance(given, dict) else {}
+        observation = given.get("observation")
+        fields = dict(observation) if isinstance(observation, dict) else {}
+        if "task" in given:
+            fields["prompt"] = given["task"]
+        elif "prompt" in given:
+            fields["prompt"] = given["prompt"]
+        fields.update({k: given[k] for k in INPUT_KEYS if k in given})
     if isinstance(request.get("parameters"), dict):
         fields.update(request["parameters"])
     return fields
+
+
+def action_prompt(fields: dict[str, Any]) -> str:
+    """The prompt of :func:`action_fields`: ``prompt``, else ``task`` (as native reads it)."""
+    prompt = fields.get("prompt")
+    return str(fields.get("task") or "") if prompt is None else str(prompt)
 
 
 @dataclass(frozen=True)

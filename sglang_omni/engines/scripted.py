@@ -48,7 +48,12 @@ from typing import Any, cast
 
 import psutil
 
-from sglang_omni.engines.actions import action_envelope, action_fields, plan_action
+from sglang_omni.engines.actions import (
+    action_envelope,
+    action_fields,
+    action_prompt,
+    plan_action,
+)
 from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
@@ -285,7 +290,7 @@ class ScriptedGenerator:
         action: dict[str, Any] | None = None
         if modality == "action":
             action = action_fields(dict(payload.get("request") or {}))
-            prompt = str(action.get("task") or action.get("prompt") or "")
+            prompt = action_prompt(action)
             options = {"num_inference_steps": action.get("num_inference_steps"),
                        "seed": action.get("seed")}
         width = _int_option(options, "width", DEFAULT_SIZE)

@@ -27,7 +27,6 @@ from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.refs import check_media_refs
 from sglang_omni.models.cosmos3.action_metadata import action_metadata
 from sglang_omni.models.cosmos3.action_request import (
-    action_options,
     check_action_request,
     response_format,
 )
@@ -50,9 +49,10 @@ def check_action(ctx: DirectContext, body: dict[str, Any]) -> dict[str, Any]:
     checked.pop("request_id", None)
     checked.pop("id", None)
     check_media_refs(action_media_refs(checked), ctx.policy)  # the request-wide count and bytes
-    check_generation_limits(action_options(checked), ctx.settings, video=True,
-                            defaults=ACTION_DEFAULTS, multiple=ctx.multiple)
-    plan_action(action_fields(checked))  # native's own checks, before the stage sees it
+    fields = action_fields(checked)  # what native reads: the limits check what runs
+    check_generation_limits(fields, ctx.settings, video=True, defaults=ACTION_DEFAULTS,
+                            multiple=ctx.multiple)
+    plan_action(fields)  # native's own checks, before the stage sees it
     return checked
 
 

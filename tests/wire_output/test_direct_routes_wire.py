@@ -80,6 +80,10 @@ def test_video_route_limits_and_fields(server: Server, body: dict, says: tuple[s
     ({"input": {"task": "t"}, "parameters": {**DROID, "action_horizon": 6}},
      "action_horizon must be divisible by 4"),
     ({"input": {"task": "t"}, "parameters": {**DROID, "fps": 2**40}}, "at most 240"),
+    # the limits check the fields native runs: input.observation, not input's own or the body's
+    ({"num_inference_steps": 5, "input": {"task": "t", "num_inference_steps": 10,
+                                          "observation": {**DROID, "num_inference_steps": 9000}}},
+     "server.max_inference_steps"),
 ])
 def test_action_route_field_types_and_limits(server: Server, body: dict, says: str) -> None:
     refused_before_work(server, "/v1/actions/generations", body, says)
@@ -147,6 +151,24 @@ def test_a_valid_action_still_runs(server: Server) -> None:
         "parameters": {**DROID, "action_mode": "inverse_dynamics"}})
     assert resp.status_code == 200, resp.text
     assert resp.json()["data"][0]["action"]["shape"] == [16, 8]
+
+
+def test_an_action_runs_the_fields_native_reads(server: Server) -> None:
+    """With ``input``, native reads ``input.observation`` (and the prompt and media of
+    ``input``), then ``parameters``: the body's own fields are not read, so they neither run
+    nor slip past the limits."""
+    resp = HTTP.post(f"{server.url}/v1/actions/generations", json={
+        "num_inference_steps": 5000, "action_horizon": 8,
+        "input": {"task": "pick", "num_inference_steps": 7, "observation": {"seed": 3}},
+        "parameters": DROID})
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert answer["usage"]["denoise_steps"] == 4  # the engine's default
+    assert answer["data"][0]["action"]["shape"] == [16, 8]  # the default horizon
+    resp = HTTP.post(f"{server.url}/v1/actions/generations", json={
+        "input": {"task": "pick", "observation": {"num_inference_steps": 3}},
+        "parameters": {**DROID, "num_inference_steps": 2}})
+    assert resp.json()["usage"]["denoise_steps"] == 2  # parameters win
 
 
 def test_action_route_counts_media_against_the_request_limit() -> None:

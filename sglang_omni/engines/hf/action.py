@@ -22,7 +22,12 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_omni.engines.actions import action_envelope, action_fields, plan_action
+from sglang_omni.engines.actions import (
+    action_envelope,
+    action_fields,
+    action_prompt,
+    plan_action,
+)
 from sglang_omni.engines.base import Job
 from sglang_omni.engines.generation_options import check_generation_options
 from sglang_omni.engines.hf.common import JobCancelled, step_callback
@@ -128,7 +133,7 @@ async def run_action(engine: Any, job: Job) -> StageResult:
     fields = check_generation_options(payload.get("options")) if video_call else \
         action_fields(dict(payload.get("request") or {}))
     prompt = str(payload.get("prompt", "")) if video_call else \
-        str(fields.get("task") or fields.get("prompt") or "")
+        action_prompt(fields)
     mode = str(fields.get("action_mode", "policy")).strip().lower()
     if video_call and mode != "forward_dynamics":
         raise BadRequest(f"action_mode: {mode!r} returns actions; use /v1/actions/generations")

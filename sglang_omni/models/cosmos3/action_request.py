@@ -128,14 +128,3 @@ def response_format(body: dict[str, Any]) -> str:
     if chosen not in RESPONSE_FORMATS:
         raise BadRequest(f"runtime.response_format: must be 'envelope' or 'raw', got {value!r}")
     return chosen
-
-
-def action_options(body: dict[str, Any]) -> dict[str, Any]:
-    """The generation options the native route derives from a checked body: the observation
-    (the body itself, or ``input`` and ``input.observation``), then ``parameters``."""
-    given = body.get("input")
-    if isinstance(given, dict):
-        observation = {**(given.get("observation") or {}), **given}
-    else:
-        observation = body
-    return {**observation, **(body.get("parameters") or {})}
