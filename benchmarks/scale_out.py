@@ -23,7 +23,10 @@ only (the routers agree there).
 Columns: ``thr/s`` completed requests per second of the run (arrivals and drain); ``goodput/s``
 those completed before their deadline (``timeout_s`` after arrival); ``p50``/``p99`` latency of
 completed requests (s); ``503`` the share of requests answered 503 (refused at admission, after
-retries); ``ff`` requests failed fast after admission (503 in the stream); ``t/o`` admitted
+retries); ``ff`` requests failed fast after admission (503 in the stream); ``gens/s`` the images and
+videos those completed in time delivered per second; ``cut`` the share of the generations the
+completed requests asked for that they did not get (a plan lowered under them answers with a
+receipt instead); ``t/o`` admitted
 requests that timed out; ``idle|q`` the generation stages' idle share of the time a generation
 was queued (summed over replicas, from their routing stats); ``busy`` the generation stages' busy
 share of the run (a generation running).
@@ -35,6 +38,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import socket
 import statistics
 import sys
@@ -57,6 +61,8 @@ APP = "omni"
 STEPS = {"image": 4, "video": 12}
 VIDEO_SHARE = 0.4
 MAX_GENERATIONS = 8
+MEDIA_SEGMENT = re.compile(r'^event: segment\ndata: \{.*"kind": "(?:image|video)"',
+                           re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ class Outcome:
     status: int = 0  # HTTP status; 200 for a stream
     end: str = ""  # complete, failfast, timeout, error, refused, transport
     latency: float = 0.0
+    wanted: int = 0  # generations the request's script asks for
+    made: int = 0  # image and video segments it got
 
 
 @dataclass
@@ -117,7 +125,7 @@ def body(spec: Spec) -> dict[str, Any]:
 async def one(client: httpx.AsyncClient, url: str, spec: Spec, start: float) -> Outcome:
     await asyncio.sleep(max(0.0, start + spec.at - time.monotonic()))
     sent = time.monotonic()
-    out = Outcome()
+    out = Outcome(wanted=spec.generations)
     try:
         async with client.stream("POST", f"{url}/generate", json=body(spec)) as resp:
             out.status = resp.status_code
@@ -126,6 +134,7 @@ async def one(client: httpx.AsyncClient, url: str, spec: Spec, start: float) -> 
         out.end = "transport"
         return out
     out.latency = time.monotonic() - sent
+    out.made = len(MEDIA_SEGMENT.findall(text))
     if out.status == 503:
         out.end = "refused"
     elif out.status != 200:
@@ -207,6 +216,8 @@ def row(p: Point) -> dict[str, Any]:
         "requests": len(p.outcomes),
         "completed": len(done), "thr/s": len(done) / p.span_s if p.span_s else 0.0,
         "goodput/s": len(good) / p.span_s if p.span_s else 0.0,
+        "gens/s": sum(o.made for o in good) / p.span_s if p.span_s else 0.0,
+        "cut": 1 - sum(o.made for o in done) / max(1, sum(o.wanted for o in done)),
         "p50": statistics.median(lat) if lat else float("nan"),
         "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
         "503": sum(o.end == "refused" for o in p.outcomes) / n,
@@ -219,14 +230,14 @@ def row(p: Point) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ["replicas", "timeout_s", "router", "load", "requests", "thr/s", "goodput/s", "p50",
-            "p99", "503", "ff", "t/o", "errors", "idle|q", "busy"]
+    head = ["replicas", "timeout_s", "router", "load", "requests", "thr/s", "goodput/s",
+            "gens/s", "cut", "p50", "p99", "503", "ff", "t/o", "errors", "idle|q", "busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = []
         for k in head:
             v = r[k]
-            if k in ("503", "idle|q", "busy"):
+            if k in ("503", "cut", "idle|q", "busy"):
                 cells.append(f"{100 * v:.1f}%")
             elif isinstance(v, float) and k not in ("load", "timeout_s"):
                 cells.append(f"{v:.2f}")
