@@ -147,6 +147,12 @@ class StageHandle:
         return self.ready and not self.dead and not self.stalled
 
     @property
+    def open_jobs(self) -> int:
+        """Jobs the stage's process holds now: sent and not ended by it (an aborted one until
+        it says so); 0 once the process is gone."""
+        return 0 if self.dead else len(self._open)
+
+    @property
     def status(self) -> str:
         """``ready``, ``starting``, ``stalled``, ``restarting`` or ``exited`` (for good)."""
         if self.stalled:

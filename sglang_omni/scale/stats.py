@@ -36,11 +36,6 @@ SERVICE_PATHS = ("/health", "/metrics", "/v1/models", "/docs", "/redoc", "/opena
 SAMPLE_S = 0.05
 
 
-def _outstanding(jobs: dict[str, int]) -> int:
-    ended = jobs["completed"] + jobs["failed"] + jobs["aborted"] + jobs["dropped"]
-    return max(0, jobs["submitted"] - ended)
-
-
 def status_class(status: int) -> str:
     if status == 503:
         return "503"
@@ -94,7 +89,7 @@ class ReplicaStats:
             "at": time.time(), "replica": self.replica, "pid": os.getpid(), "node": self.node,
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "health": health["status"], "stages": stages, "in_flight": self.in_flight,
-            "stage_jobs": sum(_outstanding(s["jobs"]) for s in stages.values()),
+            "stage_jobs": sum(h.open_jobs for h in orch.stages.handles.values()),
             "max_active": max_active, "quote": quote, "answers": dict(self.answers),
             "received": self.received, "busy_s": self.busy_s, "queued_s": self.queued_s,
             "idle_queued_s": self.idle_queued_s,

@@ -160,3 +160,23 @@ def test_chunks_with_the_right_token_reach_the_call_in_order() -> None:
     h = run(scenario)
     assert chunks == [{"step": 1}, {"step": 2}]
     assert h.counters.dropped == 1
+
+
+def test_open_jobs_are_the_jobs_the_stage_holds() -> None:
+    """What a replica reports as its stages' jobs (``stage_jobs``, the router's load where no
+    planner quotes): a dropped late message neither hides a job in flight nor counts one."""
+
+    async def scenario(h: StageHandle) -> None:
+        task, token = await start_call(h, "r1")
+        assert h.open_jobs == 1
+        h._on_message(result("r1", token + 1, "stale"), [])  # dropped
+        await settle()
+        assert h.counters.dropped == 1 and h.open_jobs == 1
+        h._on_message(result("r1", token, "real"), [])
+        await task
+        assert h.open_jobs == 0
+        await start_call(h, "r2")
+        h.dead = True  # its process is gone: it holds nothing
+        assert h.open_jobs == 0
+
+    run(scenario)
