@@ -85,6 +85,9 @@ class VideoJobs:
     def __init__(self) -> None:
         self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
         self._closed = False
+        #: Tasks of jobs forgotten (deleted) while running: cancelled, still ending (their
+        #: generation's abort on the stage); ``close`` waits for them too.
+        self._ending: set[asyncio.Task[None]] = set()
 
     def expire(self) -> None:
         """Forget finished jobs older than their retention."""
@@ -132,6 +135,8 @@ class VideoJobs:
         del self.jobs[video_id]
         if job.task is not None and not job.task.done():
             job.task.cancel()
+            self._ending.add(job.task)
+            job.task.add_done_callback(self._ending.discard)
         return job
 
     async def close(self) -> None:
@@ -140,6 +145,7 @@ class VideoJobs:
         tasks = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
         for task in tasks:
             task.cancel()
+        tasks += list(self._ending)  # cancelled already: let them end
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

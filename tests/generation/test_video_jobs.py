@@ -65,3 +65,29 @@ def test_jobs_finish_with_their_result_or_error() -> None:
         assert "internal detail" not in str(jobs.get("bug").body())
 
     asyncio.run(scenario())
+
+
+def test_close_waits_for_a_deleted_job_still_ending() -> None:
+    """A job deleted while running is cancelled, and its generation's abort may take a while on
+    the stage: shutdown still waits for it (the owner keeps its task until it ended)."""
+    async def scenario() -> None:
+        jobs = VideoJobs()
+        started, ended = asyncio.Event(), asyncio.Event()
+
+        async def slow_abort(_: VideoJob) -> tuple[bytes, float]:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.3)  # the stage ends the aborted generation
+                ended.set()
+                raise
+            return b"", 0.0
+
+        jobs.start(job("a"), slow_abort)
+        await started.wait()
+        jobs.pop("a")
+        await asyncio.wait_for(jobs.close(), 5)
+        assert ended.is_set()
+
+    asyncio.run(scenario())
