@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 
 from sglang_omni.engines.result import StageResult
-from sglang_omni.errors import BadRequest, OmniError, ServerError
+from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.serve.action_routes import action_answer, check_action, metadata_of
 from sglang_omni.serve.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.direct_context import DirectContext
@@ -117,7 +117,9 @@ async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
 async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> None:
     """Run one realtime action connection (see the module docstring)."""
     await websocket.accept()
-    ctx.sessions.enter()
+    if not ctx.sessions.enter():
+        await _fail(websocket, ShuttingDown())
+        return
     budget = getattr(websocket.app.state, "body_budget", None)
     held = _Held(budget if isinstance(budget, BodyBudget) else None)
     try:

@@ -41,7 +41,7 @@ from fastapi import APIRouter, WebSocket
 
 from sglang_omni.engines.generation_options import DEFAULT_VIDEO_FRAMES
 from sglang_omni.engines.synth_media import decode_mp4_frames
-from sglang_omni.errors import BadRequest, OmniError, ServerError
+from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.encode import encode_png
 from sglang_omni.serve.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct_fields import VIDEO_FIELDS, flatten, split
@@ -53,6 +53,7 @@ from sglang_omni.serve.video_routes import VideoPlan, plan_video
 from sglang_omni.serve.ws_messages import (
     WS_NORMAL,
     WS_POLICY_VIOLATION,
+    WS_TRY_AGAIN_LATER,
     close,
     decode,
     error_body,
@@ -239,8 +240,11 @@ def add_realtime_video_route(router: APIRouter, ctx: DirectContext) -> None:
                                    "content": "another realtime session is already active"})
             await close(websocket, WS_POLICY_VIOLATION, "another realtime session is active")
             return
+        if not ctx.sessions.enter():
+            await send(websocket, {"type": "error", "content": ShuttingDown().message})
+            await close(websocket, WS_TRY_AGAIN_LATER, "the server is shutting down")
+            return
         active.add(id(websocket))
-        ctx.sessions.enter()
         try:
             await _run(ctx, websocket)
         finally:

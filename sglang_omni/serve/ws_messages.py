@@ -96,10 +96,15 @@ class Sessions:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
 
-    def enter(self) -> None:
+    def enter(self) -> bool:
+        """Register the current task as a session; False (not registered) once :meth:`close`
+        ran: the server is shutting down and the caller must end the connection."""
+        if self.closed:
+            return False
         task = asyncio.current_task()
         if task is not None:
             self.tasks.add(task)
+        return True
 
     def leave(self) -> None:
         task = asyncio.current_task()
