@@ -140,7 +140,10 @@ class Orchestrator:
         self.starting = False
 
     async def stop(self) -> None:
-        await self.stages.stop()
+        try:
+            await self.scheduler.close()
+        finally:
+            await self.stages.stop()
 
     async def drain(self, grace_s: float) -> None:
         """Server shutdown (SIGTERM, SIGINT): refuse new requests with 503 from now on, let

@@ -40,6 +40,7 @@ from sglang_omni.pipeline.planner import (
 )
 from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.umm import DispatchReceipt
+from sglang_omni.runtime.task_errors import log_failure
 
 log = logging.getLogger("sglang_omni.scheduling")
 T = TypeVar("T")
@@ -245,6 +246,15 @@ class PlannedGenerations:
                 self._ticker = asyncio.get_running_loop().create_task(self._tick())
             except RuntimeError:
                 self._ticker = None
+            else:
+                self._ticker.add_done_callback(log_failure(log, "the deadline planner's ticker"))
+
+    async def close(self) -> None:
+        """Shutdown: stop the ticker."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+            self._ticker = None
 
     async def _tick(self) -> None:
         while self.requests:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.runtime.stage_handle import StageHandle, StageStartupError
+from sglang_omni.runtime.task_errors import log_failure
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -73,7 +74,8 @@ class StageSupervisor:
     def start(self) -> None:
         self._heartbeat_task = asyncio.get_running_loop().create_task(
             self._heartbeat(), name=f"{self.handle.name}-heartbeat")
-        self._heartbeat_task.add_done_callback(self._log_crash)
+        self._heartbeat_task.add_done_callback(
+            log_failure(log, f"the {self.handle.name} stage's heartbeat task"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -96,7 +98,8 @@ class StageSupervisor:
             return False
         self._restart_task = asyncio.get_running_loop().create_task(
             self._restart(), name=f"{handle.name}-restart")
-        self._restart_task.add_done_callback(self._log_crash)
+        self._restart_task.add_done_callback(
+            log_failure(log, f"the {self.handle.name} stage's restart task"))
         return True
 
     def _budget_left(self) -> bool:
@@ -171,7 +174,3 @@ class StageSupervisor:
                 self._unanswered_since = now
             handle.ping()
 
-    def _log_crash(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("the %s stage's %s task failed", self.handle.name, task.get_name(),
-                      exc_info=task.exception())

@@ -22,6 +22,7 @@ and for the generation stage ``busy_s`` (a generation ran), ``queued_s`` (one wa
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import Counter
@@ -30,6 +31,9 @@ from typing import Any
 
 from sglang_omni.config.gpus import device_env
 from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.runtime.task_errors import log_failure
+
+log = logging.getLogger("sglang_omni.scale")
 
 #: Paths that are not model requests (not counted in ``in_flight``).
 SERVICE_PATHS = ("/health", "/metrics", "/v1/models", "/docs", "/redoc", "/openapi.json")
@@ -100,6 +104,7 @@ class ReplicaStats:
         """Sample the plan's phases every SAMPLE_S (interleaved pipeline only)."""
         if self.orchestrator.controller is not None and self._sampler is None:
             self._sampler = asyncio.get_running_loop().create_task(self._sample())
+            self._sampler.add_done_callback(log_failure(log, "the replica's stage sampler"))
 
     async def stop_sampling(self) -> None:
         if self._sampler is not None:

@@ -71,7 +71,10 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
                 on_startup_failure()
             return
         if on_ready is not None:
-            await on_ready()
+            try:
+                await on_ready()
+            except Exception:  # noqa: BLE001 - the stages run; the hook's failure is logged
+                log.exception("the server is ready, but its on_ready hook failed")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

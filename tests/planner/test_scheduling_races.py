@@ -124,3 +124,28 @@ def test_an_overloaded_plan_fails_fast_or_refuses_but_never_races(seed: int) -> 
     outcomes = asyncio.run(scenario(seed, clients=30, sleeps=(0.0, 0.002, 0.01),
                                     timeout_s=0.3, cancel_share=0.2))
     assert set(outcomes) <= {"completed", "cancelled", "503"}
+
+
+def test_the_ticker_is_owned_its_failure_logged_and_close_ends_it(caplog) -> None:
+    async def scenario() -> None:
+        sched = PlannedGenerations(timeout_s=60, max_generations=2)
+        sched.admit("a")  # a planned request: the ticker runs
+        ticker = sched._ticker
+        assert ticker is not None and not ticker.done()
+        await sched.close()
+        assert ticker.done() and sched._ticker is None
+
+        broken = PlannedGenerations(timeout_s=60, max_generations=2)
+
+        def fail(event: Event):
+            raise RuntimeError("planner bug")
+
+        broken.admit("b")
+        broken.planner.handle = fail  # type: ignore[method-assign]
+        with caplog.at_level("ERROR", logger="sglang_omni.scheduling"):
+            await asyncio.sleep(0.4)  # one tick (TICK_S 0.25) raises in the ticker
+        assert broken._ticker is not None and broken._ticker.done()
+        assert "the deadline planner's ticker failed" in caplog.text
+        assert "planner bug" in caplog.text
+
+    asyncio.run(scenario())
