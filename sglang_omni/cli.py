@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_omni.errors import ConfigError
+from sglang_omni.runtime.log_format import LOG_FORMATS, LOG_LEVELS
+from sglang_omni.scale.spec import ROUTER_CHOICES
 
 EPILOG = """overrides: any stage field as a dotted flag, the stages. prefix left out, e.g.
   --reasoner.gpu 3  --generation.factory.output_dir out  --reasoner.engine.context_length 32768
@@ -31,7 +33,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-media-domain", metavar="HOST", action="append",
                    help="fetch remote media only from this host (repeatable)")
     p.add_argument("--api-key", metavar="KEY", help=(
-        "require 'Authorization: Bearer KEY' on every route but /health (or set "
+        "require 'Authorization: Bearer KEY' on every route but /health, the API docs and "
+        "the playground page (or set "
         "SGLANG_OMNI_API_KEY, which keeps the key out of process listings)"))
     p.add_argument("--mem-fraction-static", type=float, metavar="F",
                    help="native SGLang memory fraction of the Reasoner (same as "
@@ -47,7 +50,7 @@ def _ray_args(p: argparse.ArgumentParser) -> None:
     ray.add_argument("--replicas", type=int, default=2, metavar="N", help="replicas (default 2)")
     ray.add_argument("--ray-address", metavar="ADDR", help=(
         "join this Ray cluster (auto, HOST:6379, ray://HOST:10001); default: start a local one"))
-    ray.add_argument("--router", default="deadline", choices=["deadline", "pow2", "round_robin"],
+    ray.add_argument("--router", default="deadline", choices=ROUTER_CHOICES,
                      help="replica choice: the earliest deadline plan (default), Ray's "
                           "power-of-two choices, or round robin")
     ray.add_argument("--retries", type=int, metavar="N", help=(
@@ -78,9 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "loads")
     serve.add_argument("--model-name", help="model id reported by /v1/models (default: the "
                                             "checkpoint path); requests naming another get 404")
-    serve.add_argument("--log-level", default="info",
-                       choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    serve.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                        help="log lines of the server and its stages as text (default) or one "
                             "JSON object per line, one line per request included")
     serve.add_argument("--demo", action="store_true", help=(

@@ -22,7 +22,8 @@ MiB = 2**20
 class ServerSettings:
     """The ``server:`` section. Field docs are the README's limit table."""
 
-    #: Bearer key every route but /health requires (None: no authentication).
+    #: Bearer key every route but /health, the API docs and the playground page requires
+    #: (None: no authentication).
     api_key: str | None = None
     #: Largest request body in bytes (413 above it).
     max_body_bytes: int = 256 * MiB

@@ -112,7 +112,7 @@ class Orchestrator:
             self.chat_admission = ChatAdmission.from_engine(
                 "reasoner", config.stage("reasoner").engine)
         #: Set when a stage whose engine stops the server on exit died; ``on_fatal`` (set by
-        #: the CLI) then stops the server, which exits non-zero.
+        #: ``serve.startup``) then stops the server, which exits non-zero.
         self.fatal_error: str | None = None
         self.on_fatal: Callable[[], None] | None = None
         #: True once the server began shutting down (:meth:`drain`): new requests get 503.

@@ -49,9 +49,6 @@ class StageSet:
     def __getitem__(self, name: str) -> StageHandle:
         return self.handles[name]
 
-    def get(self, name: str) -> StageHandle | None:
-        return self.handles.get(name)
-
     @property
     def healthy(self) -> bool:
         return all(h.healthy for h in self.handles.values())

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 TEXT_FORMAT = "%(asctime)s [{role}] %(levelname)s %(name)s: %(message)s"
 #: Native SGLang's variable naming a ``logging.config.dictConfig`` file (JSON).
 NATIVE_CONFIG_ENV = "SGLANG_LOGGING_CONFIG_PATH"

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.gpus import device_env
@@ -64,7 +64,6 @@ class _Pending:
     token: int
     future: asyncio.Future
     on_chunk: ChunkCallback | None
-    aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -339,7 +338,8 @@ class StageHandle:
             log.debug("%s: could not send %s (stage gone): %r", self.name, op, exc)
 
     def _submit_sent(self, sent: Future, rid: str, pending: _Pending) -> None:
-        """Runs on the sender thread: a failed send fails the request at once."""
+        """Done callback of the send (on the sender thread, or the loop's when the send had
+        already ended): a failed send fails the request at once."""
         exc = sent.exception() if not sent.cancelled() else RuntimeError("send cancelled")
         if exc is None:
             return

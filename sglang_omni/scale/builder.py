@@ -28,12 +28,12 @@ from ray.serve import Application
 
 from sglang_omni.config import ResolvedConfig, parse_overrides
 from sglang_omni.errors import ConfigError
-from sglang_omni.runtime.log_format import LOG_FORMATS
+from sglang_omni.runtime.log_format import LOG_FORMATS, LOG_LEVELS
 from sglang_omni.scale.gateway import OmniGateway
 from sglang_omni.scale.replica import OmniReplica
-from sglang_omni.scale.routers import ROUTERS
 from sglang_omni.scale.spec import (
     LOAD_OPTIONS,
+    ROUTERS,
     ReplicaPlan,
     ScaleOptions,
     ServerSource,
@@ -119,6 +119,9 @@ def app_builder(args: Mapping[str, Any]) -> Application:
     model_name = args.pop("model_name", None)
     log_level = str(args.pop("log_level", "info"))
     log_format = str(args.pop("log_format", "text"))
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got "
+                          f"{log_level!r}")
     if log_format not in LOG_FORMATS:
         raise ConfigError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got "
                           f"{log_format!r}")

@@ -215,7 +215,7 @@ class OmniGateway:
         if is_fleet_listing(scope):
             answer = self._list_everywhere(scope, request, send)
         elif is_fleet_metrics(scope):
-            answer = self._metrics_everywhere(scope, request, send)
+            answer = self._metrics_everywhere(request, send)
         else:
             answer = self._relay(scope, request, send, arrived_at, rid)
         relay = asyncio.ensure_future(answer)
@@ -359,7 +359,7 @@ class OmniGateway:
             return
         await json_response(list_page(jobs, query))(scope, _never, send)
 
-    async def _metrics_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
+    async def _metrics_everywhere(self, request: dict[str, Any], send: Send
                                   ) -> None:
         """``GET /metrics`` of the fleet: every replica's metrics, labelled by replica
         (:mod:`~sglang_omni.scale.fleet_metrics`), then this gateway's, labelled by gateway;

@@ -4,7 +4,8 @@
 (:func:`~sglang_omni.scale.ranking.deadline_order`); :class:`RoundRobinRouter` takes them in turn.
 Both leave out the replicas a request was already refused by (the gateway passes their ids as the
 ``exclude`` keyword of its call) unless every replica refused it. Ray's default,
-``PowerOfTwoChoicesRequestRouter``, stays selectable as ``--router pow2`` (see :data:`ROUTERS`).
+``PowerOfTwoChoicesRequestRouter``, stays selectable as ``--router pow2`` (see
+:data:`~sglang_omni.scale.spec.ROUTERS`).
 
 Every router sends a call with a ``replica`` keyword (a relayed WebSocket session's messages) to
 that replica alone (:func:`pinned`); if it is gone, to any, which answers that it has no such
@@ -25,14 +26,6 @@ from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
-
-#: ``--router`` choices and the router classes they name.
-ROUTERS: dict[str, str] = {
-    "deadline": "sglang_omni.scale.routers:DeadlineRouter",
-    "round_robin": "sglang_omni.scale.routers:RoundRobinRouter",
-    "pow2": "sglang_omni.scale.routers:PowerOfTwoRouter",
-}
-
 
 #: Seconds after which the router forgets a call (a replica whose stats stopped coming).
 FORGET_S = 3600.0

@@ -27,7 +27,13 @@ LOAD_OPTIONS = ("model_path", "text_only", "allowed_local_media_path", "allowed_
                 "api_key")
 #: GPUs assumed visible while the driver checks a config (placement is checked on the replica).
 ANY_GPUS = 1 << 16
-ROUTER_CHOICES = ("deadline", "pow2", "round_robin")
+#: ``--router`` choices and the router classes they name (in :mod:`~sglang_omni.scale.routers`).
+ROUTERS: dict[str, str] = {
+    "deadline": "sglang_omni.scale.routers:DeadlineRouter",
+    "pow2": "sglang_omni.scale.routers:PowerOfTwoRouter",
+    "round_robin": "sglang_omni.scale.routers:RoundRobinRouter",
+}
+ROUTER_CHOICES = tuple(ROUTERS)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from sglang_omni.serve.typed_route import OmniRoute
 LENIENT_CONTENT_TYPE: dict[str, Any] = {"strict_content_type": False} \
     if "strict_content_type" in inspect.signature(FastAPI).parameters else {}
 log = logging.getLogger("sglang_omni.serve")
-#: The routes of each pipeline mode (``PipelineSpec.mode``).
+#: The routes of each pipeline mode (``Orchestrator.mode``).
 MODE_ROUTES: dict[str, Callable[[Orchestrator, str], ModeRoutes]] = {
     "umm": interleaved_routes,
     "chat": chat_routes,

@@ -37,7 +37,6 @@ from sglang_omni.serve.request_body import (
 )
 
 MSGPACK = "application/msgpack"
-_MARKERS = ("__ndarray__", "__npgeneric__")
 _NUMERIC_KINDS = "biuf"
 
 

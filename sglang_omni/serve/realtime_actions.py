@@ -98,8 +98,7 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
 
 
 async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
-                  held: _Held, prev_total_s: float | None,
-                  started: float) -> dict[str, Any]:
+                  held: _Held, prev_total_s: float | None) -> dict[str, Any]:
     body = decode(websocket, message)
     if not isinstance(body, dict):
         raise BadRequest("each message is one action request: a msgpack map")
@@ -134,7 +133,7 @@ async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> No
                 held.current = len(message)
                 held.account()
                 started = time.monotonic()
-                answer = await _answer(ctx, websocket, message, held, prev_total_s, started)
+                answer = await _answer(ctx, websocket, message, held, prev_total_s)
                 held.current = 0
                 held.account()
             except _Left:

@@ -94,6 +94,8 @@ def test_the_serve_application_builder_reads_serve_run_arguments(
     assert source.log_format == "json"
     with pytest.raises(ConfigError, match="log_format"):
         builder.app_builder({"config": str(SCRIPTED), "log_format": "xml"})
+    with pytest.raises(ConfigError, match="log_level: expected one of debug, info"):
+        builder.app_builder({"config": str(SCRIPTED), "log_level": "loud"})  # not each replica
 
 
 def test_only_the_deadline_router_takes_the_wait() -> None:

@@ -240,6 +240,3 @@ def _nbytes(shape: list[int], dtype: str) -> int:
         size *= n
     return size
 
-
-def size_on_disk(root: str | Path) -> int:
-    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
