@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from pathlib import Path
 from typing import Any, cast
 
 from sglang_omni.config.schema import ResolvedConfig
@@ -31,13 +30,14 @@ from sglang_omni.errors import (
     StageRestarting,
 )
 from sglang_omni.media import MediaPolicy
+from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.scheduling import PlannedGenerations
-from sglang_omni.pipeline.stages import StageSet
+from sglang_omni.pipeline.stages import StageSet, media_settings
 from sglang_omni.pipeline.streams import stream_call
 from sglang_omni.pipeline.umm import (
     Complete,
@@ -70,14 +70,9 @@ class _Doom:
 
 def media_policy(config: ResolvedConfig) -> MediaPolicy:
     """The media policy of ``config``; ConfigError naming the key when it is invalid."""
-    local, server = config.allowed_local_media_path, config.server
+    local = config.allowed_local_media_path
     try:
-        return MediaPolicy(allowed_local_media_path=Path(local) if local else None,
-                           allowed_media_domains=tuple(config.allowed_media_domain),
-                           max_media_parts=server.max_media_parts,
-                           max_media_bytes=server.max_media_bytes,
-                           fetch_timeout_s=server.media_fetch_timeout_s,
-                           fetch_deadline_s=server.media_fetch_deadline_s)
+        return policy_from_spec(media_settings(config))
     except ValueError as exc:
         key = "allowed_local_media_path" if local and str(local) in str(exc) \
             else "allowed_media_domain"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.engines.base import EngineSpec
@@ -14,18 +15,25 @@ from sglang_omni.runtime.supervisor import RestartPolicy, StageSupervisor
 log = logging.getLogger("sglang_omni.runtime")
 
 
+def media_settings(config: ResolvedConfig) -> dict[str, Any]:
+    """The media policy's settings of ``config``, as plain values a stage process receives
+    (:func:`~sglang_omni.media.settings.policy_from_spec` builds the policy from them, in the
+    server and in every stage)."""
+    return {"allowed_local_media_path": config.allowed_local_media_path,
+            "allowed_media_domain": list(config.allowed_media_domain),
+            "max_media_parts": config.server.max_media_parts,
+            "max_media_bytes": config.server.max_media_bytes,
+            "fetch_timeout_s": config.server.media_fetch_timeout_s,
+            "fetch_deadline_s": config.server.media_fetch_deadline_s}
+
+
 def engine_spec(config: ResolvedConfig, name: str) -> EngineSpec:
     stage = config.stage(name)
     return EngineSpec(
         stage=name, role=stage.role, backend=stage.backend, model_path=config.model_path,
         gpu=stage.gpu, gpu_memory_fraction=stage.gpu_memory_fraction,
         factory=dict(stage.factory), engine=dict(stage.engine),
-        media_policy={"allowed_local_media_path": config.allowed_local_media_path,
-                      "allowed_media_domain": list(config.allowed_media_domain),
-                      "max_media_parts": config.server.max_media_parts,
-                      "max_media_bytes": config.server.max_media_bytes,
-                      "fetch_timeout_s": config.server.media_fetch_timeout_s,
-                      "fetch_deadline_s": config.server.media_fetch_deadline_s},
+        media_policy=media_settings(config),
         umm_adapter=config.pipeline().umm_adapter(),
     )
 
