@@ -54,6 +54,7 @@ from sglang_omni.engines.native.generation_driver import (
     WorkerProcess,
     load_driver,
 )
+from sglang_omni.engines.native.parallelism import native_gpu_count
 from sglang_omni.engines.payloads import ActionResult, GenerationPayload, MediaResult
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
@@ -70,14 +71,6 @@ MODALITIES = ("image", "video", "action")
 PROGRESS_POLL_S = 0.25
 #: Each request's native output folder under ``output_dir``: ``omni-gen-<host>-<pid>-*``.
 OUTPUT_PREFIX = "omni-gen-"
-PARALLEL_ARGS = ("num_gpus", "tp_size", "sp_degree", "ulysses_degree", "ring_degree")
-
-
-def native_gpu_count(engine_args: dict[str, Any]) -> int:
-    """How many GPUs the native server arguments give the generation (``num_gpus``, else the
-    largest parallel degree, else 1)."""
-    values = [engine_args.get(k) for k in PARALLEL_ARGS]
-    return max([1, *(int(v) for v in values if isinstance(v, int) and not isinstance(v, bool))])
 
 
 def wants_sound(options: dict[str, Any]) -> bool:

@@ -13,17 +13,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sglang_omni.engines.actions import ACTION_MODES
+from sglang_omni.engines.actions import DEFAULT_HORIZON as ACTION_HORIZON
+from sglang_omni.engines.actions import MODEL_ACTION_DIM as PADDED_ACTION_DIM
+from sglang_omni.engines.native.parallelism import PARALLEL_ARGS
 from sglang_omni.models.cosmos3.generation_limits import ACTION_DEFAULTS
 
 #: Native ``Cosmos3SamplingParams.supported_resolutions`` (width, height), in its order.
 SUPPORTED_RESOLUTIONS = ((1280, 720), (720, 1280), (832, 480), (480, 832), (1024, 1024),
                          (640, 640))
-#: The model's action width, to which every embodiment's raw actions are padded.
-PADDED_ACTION_DIM = 64
-ACTION_HORIZON = 16
 NATIVE_STEPS = 35
-ACTION_MODES = ("policy", "inverse_dynamics")
-PARALLEL_ARGS = ("num_gpus", "tp_size", "sp_degree", "ulysses_degree", "ring_degree")
 
 
 def has_action_heads(model_path: str | None) -> bool:
