@@ -9,6 +9,7 @@ from typing import Any
 
 from sglang_omni.engines.actions import MODEL_ACTION_DIM
 from sglang_omni.errors import BadRequest
+from sglang_omni.media.refs import GENERATION_MEDIA_KEYS
 
 INT, NUM, STR, BOOL, LIST = (int,), (int, float), (str,), (bool,), (list,)
 OPTIONS: dict[str, tuple[type, ...]] = {
@@ -20,7 +21,7 @@ OPTIONS: dict[str, tuple[type, ...]] = {
     "raw_action_dim": INT, "action_horizon": INT,
 }
 POSITIVE = ("width", "height", "num_frames", "fps", "num_inference_steps")
-MEDIA_OPTIONS = ("image_path", "video_path")
+MEDIA_OPTIONS = GENERATION_MEDIA_KEYS  # the options that name media (read under the policy)
 NOT_HERE = {
     "output_path": "Omni returns generated media inline and manages native output folders",
     "output_file_name": "Omni returns generated media inline and manages native output folders",
