@@ -136,7 +136,8 @@ class Orchestrator:
 
     async def stop(self) -> None:
         try:
-            await self.scheduler.close()
+            if self.controller is not None:  # the interleaved pipeline: it has a scheduler
+                await self.scheduler.close()
         finally:
             await self.stages.stop()
 

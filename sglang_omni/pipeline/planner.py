@@ -122,6 +122,7 @@ class GenerationPlanner:
         self._reasoner = SlidingExtremes(config.timeout_s)
         self._generation: dict[str, SlidingExtremes] = {}
         self._per_step: dict[str, SlidingExtremes] = {}  # seconds per step, steps known
+        self._default_steps: dict[str, int] = {}  # steps run by requests that named none
         self._requests: dict[str, PlannedRequest] = {}  # insertion order is admission order
 
     # --- queries ---------------------------------------------------------------------------------
@@ -132,7 +133,8 @@ class GenerationPlanner:
         shortest = {m: w.shortest for m, w in self._generation.items() if w.shortest is not None}
         per_step = {m: w.longest for m, w in self._per_step.items() if w.longest is not None}
         return MeasuredTimes(self._reasoner.longest, MappingProxyType(longest),
-                             MappingProxyType(shortest), MappingProxyType(per_step))
+                             MappingProxyType(shortest), MappingProxyType(per_step),
+                             MappingProxyType(self._default_steps))
 
     def allowance(self, request_id: str) -> int:
         """Generations the request's Reasoner may still ask for; 0: offer only a final answer.
@@ -292,6 +294,8 @@ class GenerationPlanner:
         req = self._requests.get(event.request_id)
         if req is None:
             return
+        if req.steps is None and event.steps is not None and event.steps > 0:
+            self._default_steps[event.modality] = event.steps  # the engine's default count
         if req.phase is not Phase.GENERATING:
             raise ValueError(f"request {req.request_id} finished a generation while "
                              f"{req.phase.value}")
@@ -456,8 +460,9 @@ class GenerationPlanner:
 
     def _expire(self, now: float) -> None:
         self._reasoner.expire(now)
-        for window in self._generation.values():
-            window.expire(now)
+        for series in (self._generation, self._per_step):
+            for window in series.values():
+                window.expire(now)
 
 
 @dataclass

@@ -63,7 +63,9 @@ class MeasuredTimes:
     """The times the plan uses, in seconds; None / absent where nothing was measured.
 
     ``longest_s``/``shortest_s`` are by modality, and ``step_s`` the longest seconds per
-    denoising step by modality (of the generations whose step count is known). Not hashable (it
+    denoising step by modality (of the generations whose step count is known);
+    ``default_steps`` the steps a generation of a request that named none ran last, by
+    modality (the engine's default): such a request is planned at that count. Not hashable (it
     holds mappings).
     """
 
@@ -71,6 +73,7 @@ class MeasuredTimes:
     longest_s: Mapping[str, float] = field(default_factory=dict)
     shortest_s: Mapping[str, float] = field(default_factory=dict)
     step_s: Mapping[str, float] = field(default_factory=dict)
+    default_steps: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def generation_s(self) -> float | None:
@@ -78,8 +81,9 @@ class MeasuredTimes:
         return max(self.longest_s.values()) if self.longest_s else None
 
     def generation(self, steps: int | None = None) -> float:
-        """What a generation not yet chosen, of ``steps`` steps (None: the engine's default),
-        may take: the longest of any modality at that step count.
+        """What a generation not yet chosen, of ``steps`` steps (None: the engine's default,
+        as last seen in ``default_steps``), may take: the longest of any modality at that step
+        count.
 
         Only valid once a generation was measured (``generation_s`` is not None).
         """
@@ -104,6 +108,8 @@ class MeasuredTimes:
     def _at(self, modality: str, steps: int | None) -> float:
         longest = self.longest_s[modality]
         per_step = self.step_s.get(modality)
+        if steps is None:
+            steps = self.default_steps.get(modality)
         if steps is None or per_step is None:
             return longest
         return max(longest, per_step * steps)

@@ -70,6 +70,7 @@ class PlannedGenerations:
             PlannerConfig(timeout_s=timeout_s, max_generations=max_generations), clock)
         self.requests: dict[str, _Request] = {}
         self._ticker: asyncio.Task | None = None
+        self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
     def admit(self, rid: str, waited_s: float = 0.0, steps: int | None = None) -> None:
@@ -223,10 +224,12 @@ class PlannedGenerations:
     def _report(self, update: PlanUpdate) -> None:
         if update.measured_longer:
             times = self.planner.times
-            log.info("a longer time was measured (Reasoner turn %.1f s, generations %s); "
-                     "plans computed again", times.reasoner,
+            log.info("a longer time was measured (Reasoner turn %.1f s, generations %s; per "
+                     "denoising step %s); plans computed again", times.reasoner,
                      ", ".join(f"{m} {s:.1f} s" for m, s in sorted(times.longest_s.items()))
-                     or "none yet")
+                     or "none yet",
+                     ", ".join(f"{m} {s:.3f} s" for m, s in sorted(times.step_s.items()))
+                     or "not measured")
         for change in update.lowered:
             log.info("request %s: plan lowered from %d to %d generation(s)",
                      change.request_id, change.before, change.after)
@@ -241,6 +244,8 @@ class PlannedGenerations:
 
     def _ensure_ticker(self) -> None:
         """While requests are planned, tick so overruns and expiries are noticed in time."""
+        if self._closed:
+            return
         if self._ticker is None or self._ticker.done():
             try:
                 self._ticker = asyncio.get_running_loop().create_task(self._tick())
@@ -250,7 +255,8 @@ class PlannedGenerations:
                 self._ticker.add_done_callback(log_failure(log, "the deadline planner's ticker"))
 
     async def close(self) -> None:
-        """Shutdown: stop the ticker."""
+        """Shutdown: stop the ticker (for good: requests released afterwards start none)."""
+        self._closed = True
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)

@@ -117,7 +117,7 @@ def app_builder(args: Mapping[str, Any]) -> Application:
         load["allowed_media_domain"] = [load["allowed_media_domain"]]
     config = args.pop("config", None)
     model_name = args.pop("model_name", None)
-    log_level = str(args.pop("log_level", "info"))
+    log_level = str(args.pop("log_level", "info")).lower()
     log_format = str(args.pop("log_format", "text"))
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got "

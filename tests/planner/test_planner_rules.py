@@ -482,3 +482,35 @@ def refuse_with(planner, admit: Admit) -> str:
     assert update.refused is not None
     assert admit.request_id not in allowances(planner)
     return update.refused
+
+
+def test_the_time_per_step_expires_with_the_window() -> None:
+    planner, clock = make()  # timeout_s 100: the window
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 40, steps=4)  # 10 s a step, once
+    clock.now = 150
+    measure_steps(planner, "image", 8, steps=4)
+    planner.handle(Tick())
+    assert planner.times.step_s == {"image": 2.0}  # the slow sample left the window
+    assert planner.handle(Admit("A", steps=8)).refused is None  # 16 s a generation
+
+
+def test_a_request_naming_no_steps_is_planned_at_the_steps_its_engine_ran() -> None:
+    """The engine's default (here 20 steps) is learned from a generation of a request that named
+    none; later such requests are planned at 20 x the time per step, not at the 4-step time."""
+    planner, clock = make(timeout_s=100, max_generations=2)
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 4, steps=4)  # 1 s a step
+    assert planner.handle(Admit("A")).refused is None
+    planner.handle(TurnEnded("A", 1))
+    planner.handle(GenerationQueued("A", "image"))
+    planner.handle(GenerationStarted("A"))
+    planner.handle(GenerationFinished("A", "image", 20, 20))  # it ran the default, 20 steps
+    assert planner.times.default_steps == {"image": 20}
+    planner.handle(Released("A"))
+    clock.now = 150  # the 20 s generation left the window; 4-step ones are measured since
+    measure(planner, reasoner=1)
+    measure_steps(planner, "image", 4, steps=4)
+    assert planner.times.longest_s == {"image": 4}
+    assert planner.handle(Admit("B")).refused is None
+    assert planner.plan()[0].finish == pytest.approx(150 + 1 + 20 + 1 + 20 + 1)
