@@ -30,8 +30,9 @@ def action_fields(request: dict[str, Any]) -> dict[str, Any]:
     """The fields the native Cosmos3 action route reads, flattened as it reads them: without
     ``input``, the body; with it, ``input.observation`` and, from ``input``, the prompt
     (``task``, else ``prompt``) and :data:`INPUT_KEYS` (the rest of the body and of ``input``
-    is not read); then ``parameters``, which win. Every check of an action request and every
-    backend reads this one mapping."""
+    is not read); then ``parameters``, which win (but for the prompt: native reads it from the
+    observation alone). Every check of an action request and every backend reads this one
+    mapping."""
     if "input" not in request:
         fields = {k: v for k, v in request.items() if k not in ("parameters", "runtime")}
     else:
@@ -44,8 +45,9 @@ def action_fields(request: dict[str, Any]) -> dict[str, Any]:
         elif "prompt" in given:
             fields["prompt"] = given["prompt"]
         fields.update({k: given[k] for k in INPUT_KEYS if k in given})
-    if isinstance(request.get("parameters"), dict):
-        fields.update(request["parameters"])
+    if isinstance(request.get("parameters"), dict):  # the prompt is the observation's
+        fields.update({k: v for k, v in request["parameters"].items()
+                       if k not in ("prompt", "task")})
     return fields
 
 
@@ -66,6 +68,29 @@ class ActionPlan:
     raw_action_dim: int | None
 
 
+def _horizon(given: Any, num_frames: Any) -> int:
+    """The action horizon, as native derives it: ``action_horizon`` (16 when neither is
+    given), else ``num_frames`` - 1; both given must agree (frames = horizon + 1), and the
+    frames less one must be a multiple of 4 (the temporal VAE)."""
+    if given is None and num_frames is None:
+        given = DEFAULT_HORIZON
+    if given is not None:
+        horizon = int(given)
+        if horizon <= 0:
+            raise BadRequest("action_horizon must be a positive integer")
+        if num_frames is not None and int(num_frames) != horizon + 1:
+            raise BadRequest(f"Cosmos3 requires num_frames == action_horizon + 1, got "
+                             f"num_frames={int(num_frames)}, action_horizon={horizon}"[:300])
+    else:
+        if int(num_frames) <= 1:
+            raise BadRequest("Cosmos3 action num_frames must be greater than 1")
+        horizon = int(num_frames) - 1
+    if horizon % 4:
+        raise BadRequest("Cosmos3 action_horizon must be divisible by 4 so num_frames is "
+                         "compatible with the temporal VAE")
+    return horizon
+
+
 def plan_action(fields: dict[str, Any]) -> ActionPlan:
     """Native's checks of an action request (400 with native's message otherwise)."""
     mode = str(fields.get("action_mode", "policy")).strip().lower()
@@ -74,11 +99,7 @@ def plan_action(fields: dict[str, Any]) -> ActionPlan:
     if mode not in ACTION_MODES:
         raise BadRequest("Cosmos3 action endpoint supports action_mode='policy' or "
                          "'inverse_dynamics'")
-    given = fields.get("action_horizon")
-    horizon = DEFAULT_HORIZON if given is None else int(given)
-    if horizon <= 0 or horizon % 4:
-        raise BadRequest("Cosmos3 action_horizon must be divisible by 4 so num_frames is "
-                         "compatible with the temporal VAE")
+    horizon = _horizon(fields.get("action_horizon"), fields.get("num_frames"))
     domain_name, domain_id = fields.get("domain_name"), fields.get("domain_id")
     raw_dim = fields.get("raw_action_dim")
     if domain_id is None and not domain_name:

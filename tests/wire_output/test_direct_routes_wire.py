@@ -80,6 +80,11 @@ def test_video_route_limits_and_fields(server: Server, body: dict, says: tuple[s
     ({"input": {"task": "t"}, "parameters": {**DROID, "action_horizon": 6}},
      "action_horizon must be divisible by 4"),
     ({"input": {"task": "t"}, "parameters": {**DROID, "fps": 2**40}}, "at most 240"),
+    ({"input": {"task": "t"}, "parameters": {**DROID, "num_frames": 10}}, "divisible by 4"),
+    ({"input": {"task": "t"}, "parameters": {**DROID, "num_frames": 9, "action_horizon": 4}},
+     "num_frames == action_horizon + 1"),
+    ({"input": {"task": "t"}, "parameters": {**DROID, "num_frames": 1}},
+     "num_frames must be greater than 1"),
     # the limits check the fields native runs: input.observation, not input's own or the body's
     ({"num_inference_steps": 5, "input": {"task": "t", "num_inference_steps": 10,
                                           "observation": {**DROID, "num_inference_steps": 9000}}},
@@ -169,6 +174,18 @@ def test_an_action_runs_the_fields_native_reads(server: Server) -> None:
         "input": {"task": "pick", "observation": {"num_inference_steps": 3}},
         "parameters": {**DROID, "num_inference_steps": 2}})
     assert resp.json()["usage"]["denoise_steps"] == 2  # parameters win
+
+
+def test_the_action_horizon_follows_num_frames_and_the_prompt_the_observation(
+        server: Server) -> None:
+    """As native: without ``action_horizon`` the horizon is ``num_frames`` - 1, and the prompt
+    is the observation's (``parameters.prompt`` is not read: the scripted engine would fail
+    the job on its ``!no-media`` directive)."""
+    resp = HTTP.post(f"{server.url}/v1/actions/generations", json={
+        "input": {"task": "pick"}, "parameters": {**DROID, "num_frames": 9,
+                                                  "prompt": "!no-media"}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["data"][0]["action"]["shape"] == [8, 8]
 
 
 def test_action_route_counts_media_against_the_request_limit() -> None:
