@@ -26,20 +26,28 @@ def _remove(path: str) -> None:
 
 
 def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+    """This host and PID namespace (``name.ns``): two containers that share a host name and a
+    folder, each with its own process ids, never judge each other's folders."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{re.sub(r'[^A-Za-z0-9.]', '_', socket.gethostname()) or 'host'}.{namespace}"
 
 
 def owned_prefix(prefix: str) -> str:
-    """``prefix`` marked with this host and process (``{prefix}{host}-{pid}-``), so that
-    :func:`remove_orphans` can tell a folder whose process is gone from one in use."""
+    """``prefix`` marked with this host, PID namespace and process (``{prefix}{host}-{pid}-``),
+    so that :func:`remove_orphans` can tell a folder whose process is gone from one in use."""
     return f"{prefix}{_host()}-{os.getpid()}-"
 
 
 def remove_orphans(base: str | os.PathLike[str], prefix: str) -> list[str]:
     """Remove the folders under ``base`` made with ``owned_prefix(prefix)`` by a process of
-    this host that no longer runs (one killed before it could remove them); the names removed.
+    this host and PID namespace that no longer runs (one killed before it could remove them);
+    the names removed.
 
-    Folders of other hosts (a shared ``base``) and of running processes are left alone.
+    Folders of other hosts or namespaces (a shared ``base``) and of running processes are left
+    alone.
     """
     pattern = re.compile(rf"^{re.escape(prefix)}{re.escape(_host())}-(\d+)-")
     removed: list[str] = []
@@ -53,7 +61,8 @@ def remove_orphans(base: str | os.PathLike[str], prefix: str) -> list[str]:
             continue
         if not _running(int(match.group(1))):
             _remove(entry.path)
-            removed.append(entry.name)
+            if not os.path.lexists(entry.path):  # another user's folder may stay
+                removed.append(entry.name)
     return removed
 
 

@@ -102,12 +102,15 @@ def test_folders_of_a_killed_process_are_removed_and_live_ones_kept(tmp_path: Pa
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    other_host = tmp_path / f"omni-gen-elsewhere-{child.pid}-abc"
+    other_host = tmp_path / f"omni-gen-elsewhere.1-{child.pid}-abc"
     other_host.mkdir()  # a shared output_dir: another host's folder is not ours to judge
+    host, _, namespace = owned_prefix("").split("-")[0].rpartition(".")
+    other_namespace = tmp_path / f"omni-gen-{host}.{int(namespace) + 1}-{child.pid}-abc"
+    other_namespace.mkdir()  # a container with the same host name: its pids are not ours
     unrelated = tmp_path / "omni-media-xyz"
     unrelated.mkdir()
     assert remove_orphans(tmp_path, "omni-gen-") == [orphan]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [mine.path.name, other_host.name, unrelated.name])
+        [mine.path.name, other_host.name, other_namespace.name, unrelated.name])
     mine.close()
     assert remove_orphans(tmp_path / "missing", "omni-gen-") == []

@@ -69,7 +69,7 @@ log = logging.getLogger("sglang_omni.native_generation")
 MODALITIES = ("image", "video", "action")
 #: Seconds between reads of the denoising step the plugin recorded (progress chunks).
 PROGRESS_POLL_S = 0.25
-#: Each request's native output folder under ``output_dir``: ``omni-gen-<host>-<pid>-*``.
+#: Each request's native output folder under ``output_dir``: ``omni-gen-<host>.<ns>-<pid>-*``.
 OUTPUT_PREFIX = "omni-gen-"
 
 
