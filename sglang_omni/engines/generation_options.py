@@ -91,12 +91,14 @@ def modalities_for(options: dict[str, Any]) -> tuple[str, ...]:
 
 
 def denoising_steps(options: Any) -> int | None:
-    """The ``num_inference_steps`` that generation ``options`` (or a stage's progress chunk,
-    ``{"step", "steps"}``, under ``steps``) name: a positive int, else None (the engine's
-    default, or nothing reported)."""
-    if not isinstance(options, dict):
-        return None
-    value = options.get("num_inference_steps", options.get("steps"))
+    """The ``num_inference_steps`` that generation ``options`` name: a positive int, else None
+    (the engine's default)."""
+    return positive_int(options.get("num_inference_steps")) if isinstance(options, dict) \
+        else None
+
+
+def positive_int(value: Any) -> int | None:
+    """``value`` if it is a positive int (not a bool), else None."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None

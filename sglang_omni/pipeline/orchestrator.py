@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, cast
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.engines.generation_options import denoising_steps
+from sglang_omni.engines.generation_options import denoising_steps, positive_int
 from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import (
@@ -247,7 +247,7 @@ class Orchestrator:
 
                 def on_chunk(chunk: dict[str, Any]) -> None:
                     nonlocal ran_steps  # the stage says how many steps it runs
-                    ran_steps = denoising_steps(chunk) or ran_steps
+                    ran_steps = positive_int(chunk.get("steps")) or ran_steps
                     on_progress(chunk)
 
                 started = time.monotonic()
