@@ -5,8 +5,9 @@
 #   bash benchmarks/run_gpu.sh RESULTS_DIR [PLACEMENT]     # PLACEMENT: one-gpu (default), two-gpu
 #
 # It copies the repository to RESULTS_DIR/repo first and runs from there, so the working tree
-# may be refreshed meanwhile; it touches RESULTS_DIR/DONE at the end. Wheels: every .whl/*.whl
-# plus .whl/av-*.tar.xz (the av wheel's contents, xz-compressed to fit the transfer limit).
+# may be refreshed meanwhile; it touches RESULTS_DIR/DONE at the end. Wheels: what
+# `benchmarks/gpu_wheels.py --dest .whl` put there (.whl/*.whl, and .whl/*.tar.xz: the contents of
+# wheels too large for the transfer limit, xz-compressed).
 # SKIP_WHEELS=1, SHAPE=micro, PY=python and EXTRA="--quick" run the same steps on a CPU.
 set -u
 R=${1:-/tmp/omni}
@@ -21,7 +22,7 @@ if [ "${SKIP_WHEELS:-0}" != 1 ]; then
   t0=$(date +%s)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
-  tar xJf .whl/av-*.tar.xz -C /tmp/site || exit 1
+  for t in .whl/*.tar.xz; do tar xJf "$t" -C /tmp/site || exit 1; done
   export PYTHONPATH=/tmp/site
   echo "wheels installed in $(( $(date +%s) - t0 )) s"
 fi
