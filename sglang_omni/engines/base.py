@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sglang_omni.engines.result import Frames, StageResult
 
 FRAME_SCHEME = "omni-frame://"
+#: The spans an engine may report for a job (``Job.timed``): the Reasoner's media preparation,
+#: prefill and decode; a generation's denoising, VAE decode and media encoding.
+ENGINE_SPANS = ("media", "prefill", "decode", "denoise", "vae_decode", "encode")
 #: Native chat request fields Omni sets from the request itself; refused under stage_params.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 
@@ -33,12 +38,38 @@ class Job:
     frames: Frames
     emit: Callable[[dict[str, Any]], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Seconds of the job by span (``pipeline.timeline.ENGINE_SPANS``: media, prefill, decode,
+    #: denoise, vae_decode, encode), sent with the result; what no span covers is "engine".
+    spans: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, span: str) -> Iterator[None]:
+        """Add the time of the ``with`` block to ``spans[span]`` (from any one thread)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spans[span] = self.spans.get(span, 0.0) + time.perf_counter() - started
 
     def frame_for(self, url: str) -> bytes | bytearray | None:
         """The inline bytes an ``omni-frame://N`` url names, or None for other urls."""
         if not url.startswith(FRAME_SCHEME):
             return None
         return self.frames[int(url[len(FRAME_SCHEME):])]
+
+
+def clean_spans(raw: Any) -> dict[str, float]:
+    """The known spans of a stage's ``spans`` report, as non-negative finite seconds (anything
+    else is dropped: the names become metric labels)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    spans: dict[str, float] = {}
+    for name in ENGINE_SPANS:
+        value = raw.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and 0 <= value < float("inf"):
+            spans[name] = float(value)
+    return spans
 
 
 class Engine(Protocol):

@@ -22,7 +22,9 @@ class StageResult:
     the built-in engines; media bytes are in ``frames``.
 
     ``engine_s``: seconds the engine spent on it (stage-measured; 0 until the stage handle has
-    it). ``stage``: the stage that answered ("" until the stage handle has it). ``receipt``: set
+    it). ``spans``: where those seconds went (``pipeline.timeline``: the engine's spans, then the
+    orchestrator's ``wait`` and ``relay``). ``stage``: the stage that answered ("" until the
+    stage handle has it). ``receipt``: set
     when the dispatch was not run (the deadline plan no longer allows the generation); payload
     and frames are then empty, and the adapter should tell the Reasoner ``receipt`` and ask for
     the final answer.
@@ -33,3 +35,4 @@ class StageResult:
     engine_s: float = 0.0
     stage: str = ""
     receipt: str | None = None
+    spans: Mapping[str, float] = field(default_factory=dict)

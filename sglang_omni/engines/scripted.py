@@ -227,7 +227,8 @@ class ScriptedReasoner:
             entry = dict(entry)
             delay = float(entry.pop("delay_s", 0) or 0)
             if delay > 0:
-                await asyncio.sleep(delay)
+                with job.timed("decode"):  # the simulated Reasoner time
+                    await asyncio.sleep(delay)
             for key in ("text", "prompt"):
                 if isinstance(entry.get(key), str):
                     entry[key] = _substitute(entry[key], job, media)
@@ -308,17 +309,18 @@ class ScriptedGenerator:
         try:
             if name and name.startswith("sleep="):
                 await asyncio.sleep(float(name.removeprefix("sleep=")))
-            for step in range(steps):
-                try:
-                    if self.step_time_s > 0:
-                        await asyncio.sleep(self.step_time_s)
-                    else:
-                        await asyncio.sleep(0)
-                except asyncio.CancelledError:
-                    log.info("request %s: generation cancelled at step %d of %d", job.rid, step,
-                             steps)
-                    raise
-                job.emit({"step": step + 1, "steps": steps})
+            with job.timed("denoise"):  # the simulated steps
+                for step in range(steps):
+                    try:
+                        if self.step_time_s > 0:
+                            await asyncio.sleep(self.step_time_s)
+                        else:
+                            await asyncio.sleep(0)
+                    except asyncio.CancelledError:
+                        log.info("request %s: generation cancelled at step %d of %d", job.rid,
+                                 step, steps)
+                        raise
+                    job.emit({"step": step + 1, "steps": steps})
         except asyncio.CancelledError:
             if abort_delay:  # the abort ends after the step in progress, as on a native engine
                 await asyncio.sleep(float(abort_delay.group(1)))
@@ -334,15 +336,16 @@ class ScriptedGenerator:
                      "SGLang does on a guardrail block)"
             log.warning("request %s: generation produced no media: %s", job.rid, reason)
             return StageResult(MediaResult(media=[], reason=reason))
-        if modality == "video":
-            mime = "video/mp4"
-            data = await asyncio.to_thread(
-                lambda: encode_mp4([frame_pixels(prompt, seed, width, height, i)
-                                    for i in range(frames)], fps))
-        else:
-            mime = "image/png"
-            data = await asyncio.to_thread(
-                lambda: encode_png(frame_pixels(prompt, seed, width, height, 0)))
+        with job.timed("encode"):  # the frames are made and encoded together
+            if modality == "video":
+                mime = "video/mp4"
+                data = await asyncio.to_thread(
+                    lambda: encode_mp4([frame_pixels(prompt, seed, width, height, i)
+                                        for i in range(frames)], fps))
+            else:
+                mime = "image/png"
+                data = await asyncio.to_thread(
+                    lambda: encode_png(frame_pixels(prompt, seed, width, height, 0)))
         if name == "malformed":
             data = b"this is not a valid media file " * 8
         elif name == "oversize":

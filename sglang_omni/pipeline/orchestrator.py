@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 from sglang_omni.config.schema import ResolvedConfig
@@ -39,6 +40,7 @@ from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet, media_settings
 from sglang_omni.pipeline.streams import stream_call
+from sglang_omni.pipeline.timeline import dispatch_spans
 from sglang_omni.pipeline.umm import (
     Complete,
     Limits,
@@ -237,6 +239,14 @@ class Orchestrator:
         handle = self.stages[stage]
         progress = self.progress.get(rid) or RunProgress()
         observer = self.observer
+        called = time.monotonic()
+
+        def timed(result: StageResult, started: float) -> StageResult:
+            """``result`` with its dispatch's spans (``pipeline.timeline``)."""
+            spans = dispatch_spans(result.spans, result.engine_s, started - called,
+                                   time.monotonic() - started)
+            progress.dispatch_ended(handle.spec.role, spans)
+            return replace(result, spans=spans)
 
         if handle.spec.role == "generation":
             modality = str(payload.get("modality", "image"))
@@ -253,7 +263,7 @@ class Orchestrator:
                 started = time.monotonic()
                 result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
                 observer.generation(modality, time.monotonic() - started)
-                return result
+                return timed(result, started)
 
             work = self.scheduler.generation(rid, modality, run, lambda: ran_steps)
         else:
@@ -262,7 +272,7 @@ class Orchestrator:
                 started = time.monotonic()
                 result = await handle.call(rid, payload, frames)
                 observer.reasoner_turn(time.monotonic() - started)
-                return result
+                return timed(result, started)
 
             work = self.scheduler.reasoner_turn(rid, run)
         result: StageResult = await self._unless_doomed(rid, work)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,7 +27,9 @@ class Progress:
     """One progress event. ``turn`` is the Reasoner turn (1 = the first) that is running, or
     that asked for the generation; ``generation`` counts the request's generations (1 = the
     first); ``step`` of ``steps`` are denoising steps done (0 when the generation started;
-    ``steps`` None while the engine has not said); ``elapsed_s`` counts from admission."""
+    ``steps`` None while the engine has not said); ``elapsed_s`` counts from admission.
+    ``spans``: set on the event that says a dispatch ended, with where its seconds went
+    (``pipeline.timeline``: the engine's spans, ``engine``, ``wait``, ``relay``)."""
 
     stage: str
     turn: int
@@ -36,6 +38,7 @@ class Progress:
     generation: int | None = None
     step: int | None = None
     steps: int | None = None
+    spans: Mapping[str, float] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The JSON object clients receive (``event: progress`` / ``delta.progress``)."""
@@ -44,6 +47,8 @@ class Progress:
         if self.stage == GENERATION:
             body.update(modality=self.modality, generation=self.generation, step=self.step,
                         steps=self.steps)
+        if self.spans is not None:
+            body["spans"] = {name: round(seconds, 3) for name, seconds in self.spans.items()}
         return body
 
 
@@ -59,6 +64,9 @@ class RunProgress:
         self.started = clock()
         self.turns = 0
         self.generations = 0
+        self._modality: str | None = None
+        self._step: int | None = None  # the latest generation's steps done, of _steps
+        self._steps: int | None = None
         self._queue: asyncio.Queue[Progress] | None = None
 
     def subscribe(self) -> asyncio.Queue[Progress]:
@@ -80,18 +88,31 @@ class RunProgress:
         """Count a generation that starts on its stage now; returns the callback for its
         stage chunks (``{"step", "steps"}``; other chunks are ignored)."""
         self.generations += 1
+        self._modality, self._step, self._steps = modality, 0, _int_or_none(steps)
         turn, index = self.turns, self.generations
         self._put(Progress(GENERATION, turn, self.clock() - self.started, modality, index, 0,
-                           _int_or_none(steps)))
+                           self._steps))
 
         def on_chunk(chunk: dict[str, Any]) -> None:
             step = _int_or_none(chunk.get("step"))
             if step is None:
                 return
+            if index == self.generations:
+                self._step, self._steps = step, _int_or_none(chunk.get("steps"))
             self._put(Progress(GENERATION, turn, self.clock() - self.started, modality, index,
                                step, _int_or_none(chunk.get("steps"))))
 
         return on_chunk
+
+    def dispatch_ended(self, stage: str, spans: Mapping[str, float]) -> None:
+        """A Reasoner turn (``stage`` reasoner) or the latest generation ended: the event says
+        the turn or generation (with its last step) as the others do, and ``spans``."""
+        elapsed = self.clock() - self.started
+        if stage == GENERATION:
+            self._put(Progress(GENERATION, self.turns, elapsed, self._modality,
+                               self.generations, self._step, self._steps, spans=dict(spans)))
+        else:
+            self._put(Progress(stage, self.turns, elapsed, spans=dict(spans)))
 
 
 async def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]

@@ -28,6 +28,7 @@ from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
 from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.pipeline.json_size import json_size
+from sglang_omni.pipeline.timeline import Timeline
 
 TEXT, IMAGE, VIDEO = "text", "image", "video"
 
@@ -327,6 +328,7 @@ class UMMRun:
                     # that keeps asking still ends within max_dispatches).
                     state.uncount_generation(dispatch)
                     result = StageResult({}, [], stage=dispatch.stage, receipt=receipt.message)
+                state.timeline.add(result.stage, result.spans)
                 state.hold(json_size(result.payload))
                 step = adapter.advance(result, state.budget())
         finally:
@@ -353,6 +355,7 @@ class _RunState:
         self.generations = 0
         self.retained = 0
         self.segments: list[Segment] = []
+        self.timeline = Timeline()
 
     def budget(self) -> Budget:
         dispatches_left = self.limits.max_dispatches - self.dispatches

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.gpus import device_env
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.engines.base import EngineSpec, clean_spans
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, channel_pair, pack_header
@@ -428,8 +428,9 @@ class StageHandle:
                 pending.on_chunk(header.get("data") or {})
         elif op == "result":
             self.counters.completed += 1
-            pending.future.set_result(StageResult(header.get("payload") or {}, frames,
-                                                  float(header.get("engine_s", 0.0)), self.name))
+            pending.future.set_result(StageResult(
+                header.get("payload") or {}, frames, float(header.get("engine_s", 0.0)),
+                self.name, spans=clean_spans(header.get("spans"))))
         elif op == "error":
             self.counters.failed += 1
             pending.future.set_exception(StageCallError(

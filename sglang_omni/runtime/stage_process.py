@@ -4,7 +4,8 @@ Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`
 ``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq, media}`` by the reader
 thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
 :mod:`sglang_omni.media.stats`). Stage -> server: ``ready {pid, stops_server_on_exit}``,
-``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
+``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload, engine_s,
+spans}`` + frames,
 ``error {rid, token, status, type, message}``, ``aborted {rid, token}``, and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
 then exits with code 3). A message is packed by the code that sends it, so a result or chunk
@@ -248,7 +249,8 @@ class _StageServer:
             result = task.result()
             try:
                 self.send({"op": "result", **base, "payload": result.payload,
-                           "engine_s": time.perf_counter() - started}, result.frames)
+                           "engine_s": time.perf_counter() - started, "spans": job.spans},
+                          result.frames)
             except WireEncodeError as bad:
                 log.error("request %s: its result cannot be sent: %s", job.rid, bad)
                 self.send_error(base, ServerError(

@@ -59,6 +59,10 @@ class ServerMetrics:
         self.generations = Histogram("sgl_omni_generation_seconds", "interleaved generations "
                                      "on the generation stage, by modality", ["modality"],
                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.spans = Histogram("sgl_omni_request_span_seconds", "interleaved requests: the "
+                               "seconds of each request by span of its timeline (stage.span, "
+                               "or server; see docs/interleaved.md)", ["span"],
+                               buckets=LATENCY_BUCKETS, registry=r)
         self.refusals = Counter("sgl_omni_admission_refusals", "requests refused with 503 "
                                 "before any work, or failed fast by the deadline plan, by "
                                 "reason", ["reason"], registry=r)
@@ -89,6 +93,8 @@ class ServerMetrics:
         self.latency.labels(route).observe(duration_s)
         if record.first_segment_s is not None:
             self.first_segment.labels(route).observe(record.first_segment_s)
+        for span, seconds in (record.timeline(duration_s) or {}).items():
+            self.spans.labels(span).observe(seconds)
 
     # --- the orchestrator's observer ---------------------------------------------------------
     def reasoner_turn(self, seconds: float) -> None:

@@ -7,7 +7,9 @@ only it knows: the request id, the interleaved run (its Reasoner turns and gener
 first segment went out, and the error a stream reported after its 200 (:func:`note_failure`).
 When the response ends the recorder counts it and logs one line on ``sglang_omni.access``:
 ``request rid=... route=... status=... outcome=... turns=... generations=... bytes=...
-duration_s=...`` (with ``--log-format json`` the same fields as JSON keys).
+duration_s=... timeline=...`` (with ``--log-format json`` the same fields as JSON keys; the
+timeline of an interleaved request is ``span:seconds,...``, see ``pipeline.timeline``, and a JSON
+object there).
 
 ``status`` is the HTTP status, or for a stream that failed after its 200 the code of its error
 event; a client that left before the answer ended gets nginx's "client closed request" status
@@ -65,6 +67,11 @@ class RequestRecord:
         if self.status is None or not self.completed:
             return CLIENT_CLOSED_REQUEST
         return self.status
+
+    def timeline(self, duration_s: float) -> dict[str, float] | None:
+        """Where an interleaved request's seconds went (``pipeline.timeline``), else None."""
+        timeline = getattr(getattr(self.run, "state", None), "timeline", None)
+        return None if timeline is None else timeline.breakdown(duration_s)
 
     def turns_and_generations(self) -> tuple[int | None, int | None]:
         state = getattr(self.run, "state", None)
@@ -132,7 +139,8 @@ def log_fields(route: str, record: RequestRecord, status: int,
             "segments": record.segments, "bytes": record.bytes_sent,
             "duration_s": round(duration_s, 3),
             "first_segment_s": None if record.first_segment_s is None
-            else round(record.first_segment_s, 3)}
+            else round(record.first_segment_s, 3),
+            "timeline": record.timeline(duration_s)}
 
 
 def is_quiet(path: str) -> bool:
@@ -191,5 +199,7 @@ class RequestRecorder:
 def _text(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict):  # the timeline: span:seconds,...
+        return ",".join(f"{k}:{v:g}" for k, v in value.items()) or "-"
     text = str(value)
     return text if text and not any(c.isspace() or c == '"' for c in text) else repr(text)

@@ -87,9 +87,8 @@ def scrapes(media_host: MediaServer) -> dict[str, Scrape]:
         assert missing.status_code == 400
         # two requests in flight, the second's generation queued behind the first's
         first = in_background(lambda: generate(umm, script(image("!sleep=2 slow"), final("a"))))
-        wait_until(lambda: Scrape(umm).value("sgl_omni_queue_depth") == 0
-                   and Scrape(umm).value("sgl_omni_interleaved_requests") == 1, timeout=10)
-        time.sleep(0.3)  # its generation runs
+        assert wait_until(lambda: [p["phase"] for p in HTTP.get(f"{umm.url}/v1/queue").json()[
+            "plan"]] == ["generating"], timeout=10)  # its generation runs
         second = in_background(lambda: generate(umm, script(image("next"), final("b"))))
         assert wait_until(lambda: Scrape(umm).value("sgl_omni_queue_depth") == 1, timeout=10)
         out["during"] = Scrape(umm)
@@ -139,6 +138,15 @@ def _active(s: dict[str, Scrape]) -> None:
 
 def _turns(s: dict[str, Scrape]) -> None:
     assert s["after"].value("sgl_omni_reasoner_turn_seconds_count") >= 9
+
+
+def _spans(s: dict[str, Scrape]) -> None:
+    after = s["after"]
+    # one observation per span of each interleaved request that ended (refused ones have none)
+    assert after.value("sgl_omni_request_span_seconds_count", span="server") >= 4
+    assert after.value("sgl_omni_request_span_seconds_count", span="generation.denoise") >= 4
+    assert after.value("sgl_omni_request_span_seconds_sum", span="generation.denoise") > 0
+    assert after.value("sgl_omni_request_span_seconds_count", span="reasoner.relay") >= 4
 
 
 def _generations(s: dict[str, Scrape]) -> None:
@@ -239,6 +247,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_active_requests": _active,
     "sgl_omni_reasoner_turn_seconds": _turns,
     "sgl_omni_generation_seconds": _generations,
+    "sgl_omni_request_span_seconds": _spans,
     "sgl_omni_queue_depth": _queue,
     "sgl_omni_interleaved_requests": _interleaved,
     "sgl_omni_planner_longest_seconds": _longest,
