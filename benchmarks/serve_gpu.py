@@ -13,7 +13,10 @@ server with the interleaved pipeline on one placement, and measures:
 * the CPU time of each request in the server's own processes (everything but the two model
   stages: what Omni costs next to the GPU work) and in each stage;
 * peak GPU memory per stage (the stage's torch allocator peak from its log lines, and the
-  driver's per-process figure sampled with nvidia-smi).
+  driver's per-process figure sampled with nvidia-smi);
+* where each request's time went: its log line's timeline (docs/interleaved.md, "Where the time
+  goes"), the model's seconds (prefill, decode, denoising, VAE decode) and their share of the
+  wall time (``model_s``, ``model_share``).
 
 Random weights: the Reasoner's decisions come from random weights, so a request cannot ask for a
 video or a text-only answer. Those two requests sample their decisions (temperature 1, seeds 0,
@@ -61,6 +64,10 @@ GEN_START = re.compile(r"hf generator: request (\S+): (\w+) (\d+)x(\d+), (\d+) f
                        r"(\d+) steps \((\w+)\): started")
 GEN_DONE = re.compile(r"hf generator: request (\S+): denoised and decoded in ([\d.]+) s"
                       r"(?:; peak ([\d.]+) GiB)?")
+#: The request's log line (``sglang_omni.access``) with its timeline (``pipeline.timeline``).
+ACCESS = re.compile(r"request rid=(\S+) .* timeline=(\S+)")
+#: The model's own compute among the timeline's spans (``pipeline.timeline.MODEL_SPANS``).
+MODEL_SPANS = ("prefill", "decode", "denoise", "vae_decode")
 LOADED = re.compile(r"hf (reasoner|generator): .* loaded on .* in ([\d.]+) s, warmed up in "
                     r"([\d.]+) s.*pid (\d+)")
 
@@ -120,6 +127,7 @@ class Bench:
         media = [e for e in out["events"] if e.get("kind") in ("image", "video", "text")]
         out["first_segment_s"] = media[0]["t"] if media else None
         out["e2e_s"] = out.pop("wall_s")
+        out.update(self.timeline(rid, start, out["e2e_s"]))
         if out["disconnected_at"] is not None:
             out["disconnected_at_s"] = round(out["disconnected_at"] - out["started"], 4)
         del out["started"], out["disconnected_at"]
@@ -152,6 +160,20 @@ class Bench:
                 generations[-1]["s"] = float(m.group(2))
                 self._peak("generation", m.group(3))
         return {"reasoner_turns": turns, "generations": generations}
+
+    def timeline(self, rid: str, start: int, e2e_s: float) -> dict[str, Any]:
+        """Where the request's time went (its log line's ``timeline``), the model's seconds
+        (prefill, decode, denoising, VAE decode) and their share of the wall time."""
+        for _at, _source, message in self.tail.since(start):
+            m = ACCESS.search(message)
+            if m is None or m.group(1) != rid or m.group(2) == "-":
+                continue
+            spans = {k: float(v) for k, v in (item.rsplit(":", 1)
+                                              for item in m.group(2).split(","))}
+            model_s = sum(v for k, v in spans.items() if k.rsplit(".", 1)[-1] in MODEL_SPANS)
+            return {"timeline": spans, "model_s": round(model_s, 3),
+                    "model_share": round(model_s / e2e_s, 3) if e2e_s else None}
+        return {}
 
     def _peak(self, stage: str, value: str | None) -> None:
         if value is not None:
@@ -336,11 +358,13 @@ def health(url: str) -> Any:
 
 
 def short(result: dict[str, Any]) -> str:
-    keys = ("error", "e2e_s", "first_segment_s", "video_segment_s",
+    keys = ("error", "e2e_s", "model_s", "model_share", "first_segment_s", "video_segment_s",
             "disconnect_to_server_abort_s", "disconnect_to_job_end_s", "cancelled_after_step")
     brief = {k: result[k] for k in keys if result.get(k) is not None}
     brief["turns"] = len(result.get("reasoner_turns", []))
     brief["generations"] = len(result.get("generations", []))
+    if result.get("timeline"):
+        brief["timeline"] = result["timeline"]
     return json.dumps(brief)
 
 

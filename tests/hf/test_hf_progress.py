@@ -24,4 +24,8 @@ def test_hf_generation_reports_its_step_callback(tiny_checkpoint: Path) -> None:
     steps = [(p["step"], p["steps"]) for e, p in events
              if e == "progress" and p["stage"] == "generation" and "spans" not in p]
     assert steps == [(0, 3), (1, 3), (2, 3), (3, 3)], steps
+    # the generation's end says where its time went: the steps, then the VAE decode
+    ended = [p["spans"] for e, p in events
+             if e == "progress" and p["stage"] == "generation" and "spans" in p]
+    assert len(ended) == 1 and ended[0]["denoise"] > 0 and ended[0]["vae_decode"] > 0, ended
     assert [d["kind"] for e, d in events if e == "segment"] == ["image", "text"]

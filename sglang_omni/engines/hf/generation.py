@@ -205,7 +205,17 @@ class HFGenerator(ThreadedModelEngine):
         if job.cancelled.is_set():
             raise JobCancelled()
         steps = int(call.kwargs.get("num_inference_steps", 35))
-        on_step_end = step_callback(job, steps, "generation")
+        report_step = step_callback(job, steps, "generation")
+        denoised = [0.0]  # when the last step ended: denoise before it, VAE decode after
+
+        def on_step_end(pipe: Any, index: int, timestep: Any,
+                        tensors: dict[str, Any]) -> dict[str, Any]:
+            answer = report_step(pipe, index, timestep, tensors)
+            if index + 1 == steps:
+                if self.device.type == "cuda":  # the host runs ahead of the GPU's steps
+                    torch.cuda.synchronize(self.device)
+                denoised[0] = time.perf_counter()
+            return answer
 
         scheduler = self.pipe.scheduler
         if call.flow_shift is not None and call.flow_shift != self.base_flow_shift:
@@ -235,7 +245,13 @@ class HFGenerator(ThreadedModelEngine):
             return f"out of GPU memory ({exc})"
         finally:
             self.pipe.scheduler = scheduler
-        self._log_done(job, time.perf_counter() - started)
+        ended = time.perf_counter()
+        if denoised[0]:
+            job.spans["denoise"] = denoised[0] - started
+            job.spans["vae_decode"] = ended - denoised[0]
+        else:  # a pipeline that reported no last step: all of it is denoising
+            job.spans["denoise"] = ended - started
+        self._log_done(job, ended - started)
         video = output.video
         if video is None or len(video) == 0:
             return "the pipeline returned no frames (the video guardrail may have blocked them)"
