@@ -9,6 +9,9 @@
 # `benchmarks/gpu_wheels.py --dest .whl` put there (.whl/*.whl, and .whl/*.tar.xz: the contents of
 # wheels too large for the transfer limit, xz-compressed).
 # SKIP_WHEELS=1, SHAPE=micro, PY=python and EXTRA="--quick" run the same steps on a CPU.
+# BASELINE=DIR (a checkout of an older commit, its path absolute) first serves that checkout with
+# the same serve_gpu.py (steps BASELINE_STEPS, default interleaved_first,video) for a side-by-side
+# comparison; ONLY=steps limits this checkout's run; SKIP_HF=1 skips hf_gpu.py.
 set -u
 R=${1:-/tmp/omni}
 P=${2:-one-gpu}
@@ -47,9 +50,17 @@ if [ "${SKIP_HF:-0}" != 1 ]; then
   rc=$?
   echo "hf_gpu.py ended $(date +%T) (exit $rc)"
 fi
+if [ -n "${BASELINE:-}" ]; then  # an older checkout, served by this serve_gpu.py, side by side
+  echo "serve_gpu.py (baseline $BASELINE) started $(date +%T)"
+  $PY -W ignore benchmarks/serve_gpu.py --placement "$P" --shape "$SHAPE" --checkpoint "$CKPT" \
+      --serve-from "$BASELINE" --only "${BASELINE_STEPS:-interleaved_first,video}" ${EXTRA:-} \
+      --out "$R/serve_${P}_baseline.json" --log "$R/server_${P}_baseline.log" \
+      > "$R/serve_baseline.log" 2>&1
+  echo "serve_gpu.py (baseline) ended $(date +%T) (exit $?)"
+fi
 echo "serve_gpu.py started $(date +%T)"
 $PY -W ignore benchmarks/serve_gpu.py --placement "$P" --shape "$SHAPE" --checkpoint "$CKPT" \
-    ${EXTRA:-} --out "$R/serve_$P.json" --log "$R/server_$P.log" > "$R/serve.log" 2>&1
+    ${ONLY:+--only "$ONLY"} ${EXTRA:-} --out "$R/serve_$P.json" --log "$R/server_$P.log" > "$R/serve.log" 2>&1
 rc=$?
 echo "serve_gpu.py ended $(date +%T) (exit $rc)"
 touch "$R/DONE"

@@ -68,6 +68,9 @@ GEN_DONE = re.compile(r"hf generator: request (\S+): denoised and decoded in ([\
 ACCESS = re.compile(r"request rid=(\S+) .* timeline=(\S+)")
 #: The model's own compute among the timeline's spans (``pipeline.timeline.MODEL_SPANS``).
 MODEL_SPANS = ("prefill", "decode", "denoise", "vae_decode")
+#: A stage's ready line: seconds since its process started, before its engine, in its start.
+READY = re.compile(r"ready \(backend \w+\) ([\d.]+) s after the process started: ([\d.]+) s "
+                   r"to reach the engine, ([\d.]+) s in the engine's start")
 LOADED = re.compile(r"hf (reasoner|generator): .* loaded on .* in ([\d.]+) s, warmed up in "
                     r"([\d.]+) s.*pid (\d+)")
 
@@ -93,13 +96,20 @@ class Bench:
         self.server, self.tail, self.gpus, self.quick = server, tail, gpus, quick
         self.stage_pids: dict[str, int] = {}
         self.stage_load: dict[str, dict[str, float]] = {}
-        for _at, _source, message in tail.since(0):
+        for _at, source, message in tail.since(0):
+            ready = READY.search(message)
+            stage = next((s for s in ("reasoner", "generation") if s in source), None)
+            if ready and stage:  # where each stage's start-up went
+                self.stage_load.setdefault(stage, {}).update(
+                    process_to_ready_s=float(ready.group(1)),
+                    spawn_and_imports_s=float(ready.group(2)),
+                    engine_start_s=float(ready.group(3)))
             m = LOADED.search(message)
             if m:
                 stage = "reasoner" if m.group(1) == "reasoner" else "generation"
                 self.stage_pids[stage] = int(m.group(4))
-                self.stage_load[stage] = {"load_s": float(m.group(2)),
-                                          "warmup_s": float(m.group(3))}
+                self.stage_load.setdefault(stage, {}).update(load_s=float(m.group(2)),
+                                                             warmup_s=float(m.group(3)))
         self.cpu = CpuClock(server.proc.pid, self.stage_pids)
         self.peaks: dict[str, float] = {}
 
@@ -307,7 +317,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config, log_path = work / "config.yaml", Path(args.log or work / "server.log")
     write_config(config, checkpoint, args.placement)
     gpus = GpuSampler()
-    server = Server(config, log_path, child_env())
+    serve_from = Path(args.serve_from).resolve() if args.serve_from else REPO
+    figures["served_from"] = str(serve_from)
+    server = Server(config, log_path, child_env(serve_from), cwd=serve_from)
     tail = LogTail(log_path)
     try:
         figures["server_start_s"] = round(server.wait_ready(args.start_timeout), 2)
@@ -319,14 +331,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ("interleaved_again", lambda: bench.interleaved(2)),
             ("video", bench.video),
             ("chat", bench.chat),
+            ("abort", lambda: bench.abort(next(
+                (p["seed"] for p in figures.get("video", {}).get("probes", [])
+                 if p["first"] == "video"), 0), 1.0 if args.quick else 4.0)),
         ]
         for name, step in steps:
+            if args.only and name not in args.only.split(","):
+                continue
             figures[name] = guarded(step)
             print(f"== {name}: {short(figures[name])}", flush=True)
-        seed = next((p["seed"] for p in figures["video"].get("probes", [])
-                     if p["first"] == "video"), 0)
-        figures["abort"] = guarded(lambda: bench.abort(seed, 1.0 if args.quick else 4.0))
-        print(f"== abort: {short(figures['abort'])}", flush=True)
         figures["gpu_memory"] = {
             "torch_peak_gib": bench.peaks,
             "nvidia_smi_peak_mib_per_stage": {
@@ -368,9 +381,10 @@ def short(result: dict[str, Any]) -> str:
     return json.dumps(brief)
 
 
-def child_env() -> dict[str, str]:
+def child_env(serve_from: Path = REPO) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(serve_from), env.get("PYTHONPATH"))
+                                        if p)
     env.setdefault("SGLANG_DISABLE_COSMOS3_GUARDRAILS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -385,6 +399,10 @@ def main() -> int:
     parser.add_argument("--out", help="write the JSON figures here")
     parser.add_argument("--log", help="keep the server log here")
     parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument("--serve-from", help="serve another checkout's sglang_omni (an older "
+                        "commit, for a side-by-side run); this script and its checks stay")
+    parser.add_argument("--only", help="run only these steps (comma-separated: "
+                        "interleaved_first, interleaved_again, video, chat, abort)")
     args = parser.parse_args()
     figures = run(args)
     text = json.dumps(figures, indent=2)

@@ -104,7 +104,9 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, config: Path, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, config: Path, log_path: Path, env: dict[str, str],
+                 cwd: Path = REPO) -> None:
+        """``cwd``: the checkout whose ``sglang_omni`` serves (``python -m`` imports from it)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = open(log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -112,7 +114,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_omni", "serve", "--config", str(config), "--host",
              "127.0.0.1", "--port", str(self.port), "--log-level", "info"],
-            stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+            stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=str(cwd))
 
     def wait_ready(self, timeout: float) -> float:
         import httpx

@@ -70,6 +70,13 @@ def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level
     sys.exit(code)
 
 
+def _process_started() -> float:
+    """The wall-clock time this process started (the kernel's record)."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
 def _log_send_failure(sent: Future) -> None:
     exc = sent.exception() if not sent.cancelled() else None
     if exc is not None:
@@ -117,6 +124,7 @@ class _StageServer:
         self.stopping = asyncio.Event()
         for _ in range(int(self.spec.factory.get("children", 0) or 0)):
             self.children.append(start_idle_child())
+        began = time.time()  # the process's own start is before this: spawn and imports
         try:
             self.engine = build_engine(self.spec)
             await self.engine.start()
@@ -134,7 +142,10 @@ class _StageServer:
                          name="server-watch").start()
         self._send_now({"op": "ready", "pid": os.getpid(), "stops_server_on_exit": bool(
             getattr(self.engine, "stops_server_on_exit", False))}, None)
-        log.info("ready (backend %s)", self.spec.backend)
+        log.info("ready (backend %s) %.1f s after the process started: %.1f s to reach the "
+                 "engine, %.1f s in the engine's start (imports, load, warm-up)",
+                 self.spec.backend, time.time() - _process_started(), began - _process_started(),
+                 time.time() - began)
         fatal = await self._until_stop_or_failure()
         if fatal is not None:
             log.error("stopping: %s", fatal)
