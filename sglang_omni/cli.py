@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                        help="log lines of the server and its stages as text (default) or one "
                             "JSON object per line, one line per request included")
+    serve.add_argument("--log-polls", action="store_true", help=(
+        "log polls of /health, /v1/queue, /metrics and static assets too (by default they are "
+        "counted in the metrics but kept out of the request log and uvicorn's access log)"))
     serve.add_argument("--demo", action="store_true", help=(
         "serve the interleaved pipeline on the CPU with the hf backend and a tiny random-weight "
         "Cosmos3 checkpoint (built once into ~/.cache/sglang-omni; needs the hf extra); with "
@@ -257,7 +260,8 @@ def _serve(config: Any, args: argparse.Namespace, sock: Any) -> int:
     from sglang_omni.serve.startup import run_server
 
     return run_server(config, sock, host=args.host, port=args.port, model_name=args.model_name,
-                      log_level=args.log_level, log_format=args.log_format)
+                      log_level=args.log_level, log_format=args.log_format,
+                      log_polls=args.log_polls)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ def ready_line(mode: str, url: str, keyed: bool, seconds: float) -> str:
 
 
 def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: int,
-               model_name: str | None, log_level: str, log_format: str) -> int:
+               model_name: str | None, log_level: str, log_format: str,
+               log_polls: bool = False) -> int:
     """Serve until stopped; the exit code (0, :data:`STOPPED`, :data:`STARTUP_FAILED`, or 2 for
     a configuration error the app found)."""
     import uvicorn
@@ -89,9 +90,12 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
     from sglang_omni.serve.head_limit import HeadLimit
+    from sglang_omni.serve.request_log import quiet_polls
     from sglang_omni.serve.shutdown import DrainingServer, uvicorn_timeout
 
     configure_logging(log_level, log_format)
+    if not log_polls:
+        quiet_polls()
     started = time.monotonic()
     url = display_url(host, port)
     holder: dict[str, Any] = {}
@@ -116,7 +120,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     try:
         app = create_app(config, model_name, log_level, log_format=log_format,
                          background_start=True,
-                         on_ready=on_ready, on_startup_failure=on_failure)
+                         on_ready=on_ready, on_startup_failure=on_failure,
+                         log_polls=log_polls)
     except ConfigError as exc:
         print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
         return 2
