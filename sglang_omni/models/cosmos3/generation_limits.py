@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_SIZE, DEFAULT_VIDEO_FRAMES
 from sglang_omni.errors import BadRequest
 
 
@@ -72,6 +72,14 @@ def number(value: float, decimals: int = 3) -> str:
 def _over(where: str, what: str, limit: float, setting: str, fix: str) -> BadRequest:
     return BadRequest(f"{where}: {what}, over the server's limit of {number(limit)} "
                       f"(server.{setting}); {fix} or raise the limit with --server.{setting}")
+
+
+def default_size(backend: Any) -> tuple[int, int]:
+    """The width and height a generation on ``backend`` makes when a request leaves them out:
+    the hf and scripted engines' square ``DEFAULT_SIZE``, native Cosmos3's 1280x720."""
+    if str(backend) in ("hf", "scripted"):
+        return DEFAULT_SIZE, DEFAULT_SIZE
+    return NATIVE_DEFAULTS.width, NATIVE_DEFAULTS.height
 
 
 def size_multiple(backend: Any) -> int:
