@@ -60,7 +60,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise PortInUse(f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()}; "
-                        "stop the other server or pass another --port") from None
+                        "stop the other server or choose another port (sgl-omni serve --port 8001, "
+                        "make demo PORT=8001)") from None
     return sock
 
 
