@@ -16,6 +16,9 @@ from sglang_omni.errors import ConfigError
 from sglang_omni.runtime.log_format import LOG_FORMATS, LOG_LEVELS
 from sglang_omni.scale.spec import ROUTER_CHOICES
 
+#: The model id ``--demo`` serves under unless ``--model-name`` names another (the checkpoint's
+#: path is a cache folder no client would guess).
+DEMO_MODEL_NAME = "cosmos3"
 EPILOG = """overrides: any stage field as a dotted flag, the stages. prefix left out, e.g.
   --reasoner.gpu 3  --generation.factory.output_dir out  --reasoner.engine.context_length 32768
   --generation.factory.backend scripted  --orchestrator.factory.timeout_s 600
@@ -79,12 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000,
                        help="port to listen on (default: %(default)s); checked before anything "
                             "loads")
-    serve.add_argument("--model-name", help="model id reported by /v1/models (default: the "
-                                            "checkpoint path); requests naming another get 404")
+    serve.add_argument("--model-name", help=(
+        f"model id reported by /v1/models (default: the checkpoint path; with --demo, "
+        f"{DEMO_MODEL_NAME}); requests naming another get 404"))
     serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     serve.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                        help="log lines of the server and its stages as text (default) or one "
                             "JSON object per line, one line per request included")
+    serve.add_argument("--log-polls", action="store_true", help=(
+        "log polls of /health, /v1/queue, /metrics and static assets too (by default they are "
+        "counted in the metrics but kept out of the request log and uvicorn's access log)"))
     serve.add_argument("--demo", action="store_true", help=(
         "serve the interleaved pipeline on the CPU with the hf backend and a tiny random-weight "
         "Cosmos3 checkpoint (built once into ~/.cache/sglang-omni; needs the hf extra); with "
@@ -256,8 +263,10 @@ def _serve(config: Any, args: argparse.Namespace, sock: Any) -> int:
     """Serve on ``sock`` (bound before the configuration was resolved); see serve.startup."""
     from sglang_omni.serve.startup import run_server
 
-    return run_server(config, sock, host=args.host, port=args.port, model_name=args.model_name,
-                      log_level=args.log_level, log_format=args.log_format)
+    model_name = args.model_name or (DEMO_MODEL_NAME if args.demo else None)
+    return run_server(config, sock, host=args.host, port=args.port, model_name=model_name,
+                      log_level=args.log_level, log_format=args.log_format,
+                      log_polls=args.log_polls)
 
 
 if __name__ == "__main__":

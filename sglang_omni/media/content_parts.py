@@ -20,6 +20,10 @@ MEDIA_PART_KINDS: dict[str, str] = {"image_url": "image", "video_url": "video",
                                     "audio_url": "audio"}
 #: Chat content part keys that carry a media URL (as a string or ``{"url": ...}``).
 CHAT_MEDIA_PART_KEYS = tuple(MEDIA_PART_KINDS)
+#: The key of a media part Omni made from a request's top-level ``images``/``videos`` list:
+#: where the client put the reference (``images[0]``), so errors name it as sent. Engines that
+#: hand parts to native SGLang leave it out (:func:`without_client_label`).
+CLIENT_LABEL_KEY = "omni_client_label"
 
 
 @dataclass(frozen=True)
@@ -32,9 +36,16 @@ class ContentPart:
     part: Any
 
     @property
+    def client_label(self) -> str | None:
+        """Where the client put a part Omni moved into the messages (``images[0]``), or None."""
+        label = self.part.get(CLIENT_LABEL_KEY) if isinstance(self.part, Mapping) else None
+        return label if isinstance(label, str) else None
+
+    @property
     def where(self) -> str:
-        """``messages[i].content[j]``, the part's place in the request."""
-        return f"messages[{self.message_index}].content[{self.part_index}]"
+        """``messages[i].content[j]``, the part's place in the request (or the client's place
+        for a part of a top-level media list)."""
+        return self.client_label or f"messages[{self.message_index}].content[{self.part_index}]"
 
     @property
     def type(self) -> str | None:
@@ -51,8 +62,9 @@ class ContentPart:
 
     @property
     def label(self) -> str:
-        """Where a media part's reference sits: ``messages[i].content[j].<type>``."""
-        return f"{self.where}.{self.type}"
+        """Where a media part's reference sits: ``messages[i].content[j].<type>``, or as the
+        client sent it (``images[0]``)."""
+        return self.client_label or f"{self.where}.{self.type}"
 
     @property
     def ref(self) -> Any:
@@ -71,6 +83,11 @@ class ContentPart:
     def text(self) -> str:
         """A text part's text ("" for other parts)."""
         return str(self.part.get("text", "")) if self.kind == "text" else ""
+
+
+def without_client_label(part: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``part`` without Omni's :data:`CLIENT_LABEL_KEY`."""
+    return {k: v for k, v in part.items() if k != CLIENT_LABEL_KEY}
 
 
 def message_parts(message_index: int, content: Any) -> Iterator[ContentPart]:

@@ -9,7 +9,8 @@ replica's ``CUDA_VISIBLE_DEVICES``: the GPUs Ray gave it); ``health`` (the
 ``status`` of ``/health``: ``ok``, ``stalled``, ``restarting`` or ``unhealthy``) and ``stages``
 (per stage: ``status``, ``pid``, ``restarts``, the job counters of ``/metrics`` and ``device``,
 the ``CUDA_VISIBLE_DEVICES`` its process runs with; empty on the CPU);
-``in_flight`` (model requests being served; ``/health``, ``/metrics`` and the docs not counted),
+``in_flight`` (model requests being served; the service paths of
+:mod:`sglang_omni.serve.service_paths` not counted),
 ``stage_jobs`` (jobs its stages hold now: direct generation's video jobs run after their request
 answered), ``max_active`` (the interleaved pipeline's ``max_active``, else None), ``quote`` (the
 planner's
@@ -32,11 +33,10 @@ from typing import Any
 from sglang_omni.config.gpus import device_env
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.task_errors import log_failure
+from sglang_omni.serve.service_paths import is_service
 
 log = logging.getLogger("sglang_omni.scale")
 
-#: Paths that are not model requests (not counted in ``in_flight``).
-SERVICE_PATHS = ("/health", "/metrics", "/v1/models", "/docs", "/redoc", "/openapi.json")
 SAMPLE_S = 0.05
 
 
@@ -62,7 +62,7 @@ class ReplicaStats:
     @staticmethod
     def counts(path: str) -> bool:
         """Whether a request to ``path`` is a model request (counted in ``in_flight``)."""
-        return not path.startswith(SERVICE_PATHS)
+        return not is_service(path)
 
     def started(self, path: str) -> None:
         self.received += 1

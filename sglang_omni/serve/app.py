@@ -55,8 +55,10 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
                log_level: str = "info", *, log_format: str = "text",
                background_start: bool = False,
                on_ready: Callable[[], Awaitable[None]] | None = None,
-               on_startup_failure: Callable[[], None] | None = None) -> FastAPI:
-    """Build the app; stages start in the lifespan (see the module docstring)."""
+               on_startup_failure: Callable[[], None] | None = None,
+               log_polls: bool = False) -> FastAPI:
+    """Build the app; stages start in the lifespan (see the module docstring). ``log_polls``
+    logs polls in the request log too (:mod:`.service_paths`)."""
     orchestrator = Orchestrator(config, log_level, log_format)
     served_name = model_name or config.model_path or config.config_cls
     routes = MODE_ROUTES[orchestrator.mode](orchestrator, served_name)
@@ -96,6 +98,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
                 await orchestrator.stop()
 
     app = FastAPI(title="SGLang Omni", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None,  # served by docs_router, under its own route label
                   **LENIENT_CONTENT_TYPE,
                   description=f"Serving {config.config_cls}. Errors are "
                   '`{"error": {"message", "type", "code"}}`.')
@@ -111,7 +114,8 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     orchestrator.observer = server_metrics
     app.state.metrics = server_metrics
     server_metrics.watch_body_budget(app.state.body_budget)
-    app.add_middleware(RequestRecorder, sink=server_metrics)  # outermost: every request
+    app.add_middleware(RequestRecorder, sink=server_metrics,  # outermost: every request
+                       log_polls=log_polls)
     registry = server_metrics.registry
 
     @app.exception_handler(OmniError)

@@ -3,7 +3,8 @@
 With a key set, every HTTP and WebSocket request except ``/health``, the API documentation
 (``/docs``, ``/redoc``, their assets and ``/openapi.json``) and the playground page (``/``,
 ``/playground`` and its assets), which a browser loads without a bearer header and which hold no
-secret (the page asks for the key and sends it on the API calls it makes), must carry
+secret (the page asks for the key and sends it on the API calls it makes; the list lives in
+:mod:`.service_paths`), must carry
 ``Authorization: Bearer KEY`` (compared in constant time). Others get 401 in the JSON error
 shape with ``WWW-Authenticate: Bearer``; a WebSocket is closed before it opens (uvicorn then
 refuses the handshake with 403).
@@ -17,10 +18,8 @@ import json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sglang_omni.errors import Unauthorized
+from sglang_omni.serve.service_paths import is_open
 from sglang_omni.serve.ws_messages import WS_POLICY_VIOLATION
-
-OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/", "/playground"})
-OPEN_PREFIXES = ("/docs/assets/", "/playground/assets/")
 
 
 def bearer_token(scope: Scope) -> bytes | None:
@@ -32,11 +31,6 @@ def bearer_token(scope: Scope) -> bytes | None:
                 return token.strip()
             return None
     return None
-
-
-def is_open(path: str) -> bool:
-    """Whether ``path`` is served without the API key."""
-    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 class ApiKeyAuth:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sglang_omni.engines.base import OMNI_OWNED_FIELDS
 from sglang_omni.errors import BadRequest
+from sglang_omni.media.content_parts import CLIENT_LABEL_KEY
 from sglang_omni.pipeline.chat_request import (
     LENGTH_STOP_FIELDS,
     OUTPUT_FIELDS,
@@ -50,10 +51,12 @@ def refuse_single_completion_fields(where: str, fields: dict[str, Any], stream: 
                          f"use stream false{hint}")
 
 
-def _media_part(kind: str, ref: Any) -> dict[str, Any]:
+def _media_part(kind: str, ref: Any, label: str) -> dict[str, Any]:
+    """The content part of a top-level ``images``/``videos`` item; ``label`` is where the
+    client put it (errors name it so)."""
     url = ref.get("url") if isinstance(ref, dict) else ref
     key = f"{kind}_url"
-    return {"type": key, key: {"url": url}}
+    return {"type": key, key: {"url": url}, CLIENT_LABEL_KEY: label}
 
 
 def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
@@ -86,7 +89,8 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
         last = users[-1]
         if isinstance(last["content"], str):
             last["content"] = [{"type": "text", "text": last["content"]}]
-        last["content"].extend(_media_part(kind, ref) for ref in items)
+        last["content"].extend(_media_part(kind, ref, f"{kind}s[{k}]")
+                               for k, ref in enumerate(items))
     stage_params = copy.deepcopy(fields.get("stage_params") or {})
     stage_sampling = copy.deepcopy(fields.get("stage_sampling") or {})
     for key, table in (("stage_params", stage_params), ("stage_sampling", stage_sampling)):

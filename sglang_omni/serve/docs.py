@@ -2,7 +2,7 @@
 ``fastapi-offline`` package's static folder and are served by this server under
 :data:`ASSETS_PATH`, so the pages work on a machine without internet.
 
-The pages, their assets and ``/openapi.json`` are open without the API key
+The pages, their assets and ``/openapi.json`` (served here too) are open without the API key
 (:mod:`sglang_omni.serve.auth`).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastapi_offline
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from sglang_omni.errors import NotFound
 
@@ -25,8 +25,13 @@ ASSETS = {name: ASSETS_DIR / name for name in (
 
 
 def docs_router(title: str, openapi_url: str = "/openapi.json") -> APIRouter:
-    """The two documentation pages and their assets."""
+    """The two documentation pages, their assets and the OpenAPI schema (a route of its own, so
+    the request log and metrics label it ``/openapi.json``)."""
     router = APIRouter(include_in_schema=False)
+
+    @router.get(openapi_url)
+    async def openapi(request: Request) -> JSONResponse:
+        return JSONResponse(request.app.openapi())
 
     @router.get("/docs")
     async def swagger() -> HTMLResponse:

@@ -11,6 +11,11 @@ duration_s=... timeline=...`` (with ``--log-format json`` the same fields as JSO
 timeline of an interleaved request is ``span:seconds,...``, see ``pipeline.timeline``, and a JSON
 object there).
 
+Polls and static assets (:mod:`.service_paths`) are counted but not logged, nor counted as
+requests being served; ``sgl-omni serve --log-polls`` logs them (:class:`PollFilter` keeps them
+out of uvicorn's access log otherwise). A route's label is its template; a request no route
+matched is :data:`UNMATCHED`.
+
 ``status`` is the HTTP status, or for a stream that failed after its 200 the code of its error
 event; a client that left before the answer ended gets nginx's "client closed request" status
 (:data:`~sglang_omni.serve.http_errors.CLIENT_CLOSED_REQUEST`).
@@ -28,12 +33,10 @@ from typing import Any, Protocol
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
+from sglang_omni.serve.service_paths import is_poll
 
 log = logging.getLogger("sglang_omni.access")
 
-#: Paths polled by monitors and pages: counted in the metrics, never logged.
-QUIET_PATHS = frozenset({"/health", "/metrics", "/favicon.ico"})
-QUIET_PREFIXES = ("/docs/assets/", "/playground/")
 #: The route label of a request no route matched (a 404), so scanners cannot add labels.
 UNMATCHED = "unmatched"
 
@@ -143,18 +146,35 @@ def log_fields(route: str, record: RequestRecord, status: int,
             "timeline": record.timeline(duration_s)}
 
 
-def is_quiet(path: str) -> bool:
-    return path in QUIET_PATHS or path.startswith(QUIET_PREFIXES)
+class PollFilter(logging.Filter):
+    """Drops uvicorn's access-log lines of polls (:func:`~.service_paths.is_poll`); install it
+    with :func:`quiet_polls`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn.access: (client address, method, path with query, HTTP version, status)
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            return not is_poll(args[2].partition("?")[0])
+        return True
+
+
+def quiet_polls(logger_name: str = "uvicorn.access") -> None:
+    """Keep polls out of uvicorn's access log (once per process)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, PollFilter) for f in logger.filters):
+        logger.addFilter(PollFilter())
 
 
 class RequestRecorder:
     """Pure ASGI: a record per HTTP request, counted and logged when the response ends."""
 
     def __init__(self, app: ASGIApp, sink: RequestSink,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, log_polls: bool = False) -> None:
         self.app = app
         self.sink = sink
         self.clock = clock
+        #: Log polls too (``--log-polls``); they are counted in the metrics either way.
+        self.log_polls = log_polls
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -163,7 +183,7 @@ class RequestRecorder:
         record = RequestRecord(scope.get("method", ""), scope.get("path", ""),
                                started=self.clock())
         token = _CURRENT.set(record)
-        quiet = is_quiet(record.path)
+        quiet = is_poll(record.path)
         if not quiet:
             self.sink.in_flight(1)
 
@@ -189,7 +209,7 @@ class RequestRecorder:
         status = record.final_status()
         duration = self.clock() - record.started
         self.sink.request_ended(route, record, status, duration)
-        if quiet:
+        if quiet and not self.log_polls:
             return
         fields = log_fields(route, record, status, duration)
         log.info("request %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()),

@@ -60,7 +60,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise PortInUse(f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()}; "
-                        "stop the other server or pass another --port") from None
+                        "stop the other server or choose another port (sgl-omni serve --port 8001, "
+                        "make demo PORT=8001)") from None
     return sock
 
 
@@ -80,7 +81,8 @@ def ready_line(mode: str, url: str, keyed: bool, seconds: float) -> str:
 
 
 def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: int,
-               model_name: str | None, log_level: str, log_format: str) -> int:
+               model_name: str | None, log_level: str, log_format: str,
+               log_polls: bool = False) -> int:
     """Serve until stopped; the exit code (0, :data:`STOPPED`, :data:`STARTUP_FAILED`, or 2 for
     a configuration error the app found)."""
     import uvicorn
@@ -89,9 +91,12 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
     from sglang_omni.serve.head_limit import HeadLimit
+    from sglang_omni.serve.request_log import quiet_polls
     from sglang_omni.serve.shutdown import DrainingServer, uvicorn_timeout
 
     configure_logging(log_level, log_format)
+    if not log_polls:
+        quiet_polls()
     started = time.monotonic()
     url = display_url(host, port)
     holder: dict[str, Any] = {}
@@ -116,7 +121,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     try:
         app = create_app(config, model_name, log_level, log_format=log_format,
                          background_start=True,
-                         on_ready=on_ready, on_startup_failure=on_failure)
+                         on_ready=on_ready, on_startup_failure=on_failure,
+                         log_polls=log_polls)
     except ConfigError as exc:
         print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -92,6 +92,19 @@ def test_image_without_media_is_a_server_error_naming_the_reason(server: Server)
 
 
 # --- videos ------------------------------------------------------------------------------------
+def test_a_video_job_without_a_size_reports_the_size_it_makes(server: Server) -> None:
+    job = HTTP.post(f"{server.url}/v1/videos",
+                    json={"prompt": "a wave", "num_frames": 2, "fps": 2}).json()
+    assert job["size"] == "640x640"  # the scripted engine's default, not ""
+    assert wait_video(server, job["id"])["size"] == "640x640"
+    frames = decode_mp4_frames(HTTP.get(f"{server.url}/v1/videos/{job['id']}/content").content)
+    assert frames[0].shape[:2] == (640, 640)  # what the job said it makes
+    one_side = HTTP.post(f"{server.url}/v1/videos",
+                         json={"prompt": "a wave", "width": 320, "num_frames": 2, "fps": 2})
+    assert one_side.json()["size"] == "320x640", one_side.text
+    wait_video(server, one_side.json()["id"])
+
+
 def test_video_job_lifecycle(server: Server) -> None:
     resp = HTTP.post(f"{server.url}/v1/videos",
                      json={"prompt": "a wave", "size": "32x32", "num_frames": 5, "fps": 5})

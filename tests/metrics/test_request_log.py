@@ -8,6 +8,7 @@ import json
 import httpx
 
 from tests.kit import script, wait_until
+from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_UMM, Server
 from tests.umm.kit import SMALL, final, image
 
@@ -58,3 +59,45 @@ def test_json_lines() -> None:
                for r in records)
     ready = [r for r in records if r.get("event") == "ready"]  # the ready line, as JSON too
     assert len(ready) == 1 and ready[0]["playground"] == f"{server.url}/"
+
+
+POLLS = ("/health", "/v1/queue", "/metrics", "/playground/assets/app.js",
+         "/docs/assets/swagger-ui.css", "/health?probe=1")
+
+
+def _poll_then_mark(server: Server, mark: str) -> str:
+    """Poll every poll path, then send a logged request; the log once its line is in."""
+    for path in POLLS:
+        assert httpx.get(f"{server.url}{path}", timeout=10).status_code == 200, path
+    httpx.get(f"{server.url}/v1/models", params={"mark": mark}, timeout=10)
+    assert wait_until(lambda: "route=/v1/models" in server.log(), timeout=5)
+    return server.log()
+
+
+def test_polls_are_not_logged_by_omni_or_uvicorn() -> None:
+    with Server(*SCRIPTED_UMM) as server:
+        _poll_then_mark(server, "quiet")
+        for route in ("/openapi.json", "/docs", "/redoc"):
+            assert httpx.get(f"{server.url}{route}", timeout=10).status_code == 200
+        assert wait_until(lambda: "route=/redoc" in server.log(), timeout=5)
+        log = server.log()
+        scrape = Scrape(server)
+    assert '"GET /v1/models?mark=quiet HTTP/1.1" 200' in log  # uvicorn's access log is on
+    for path in POLLS:
+        assert f"GET {path} " not in log and f"route={path} " not in log, path
+    # the API docs have route labels of their own, in the log and the metrics
+    for route in ("/openapi.json", "/docs", "/redoc"):
+        assert f"route={route} status=200 outcome=ok" in log
+        assert scrape.value("sgl_omni_requests_total", route=route, status="200") == 1
+    assert "route=unmatched" not in log
+    # polls are still counted
+    assert scrape.value("sgl_omni_requests_total", route="/v1/queue", status="200") == 1
+
+
+def test_log_polls_logs_them() -> None:
+    with Server(*SCRIPTED_UMM, "--log-polls") as server:
+        log = _poll_then_mark(server, "loud")
+    for path in ("/health", "/v1/queue", "/metrics"):
+        assert f"route={path} status=200" in log, path
+        assert f'"GET {path} HTTP/1.1" 200' in log, path
+    assert "route=/playground/assets/{name} status=200" in log

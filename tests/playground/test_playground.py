@@ -212,3 +212,71 @@ def test_direct_generation_forms(page: Any, screenshot: Any) -> None:
         page.wait_for_function(
             "document.querySelector('#video-status').textContent.includes('stopped')")
         assert wait_until(lambda: metric(direct, "generation", "aborted", 0) == 1, timeout=10)
+
+
+def in_view(page: Any, selector: str) -> bool:
+    """Whether the last element matching ``selector`` is wholly visible: inside the
+    conversation's scrolled box and inside the window."""
+    return page.evaluate("""(selector) => {
+        const nodes = document.querySelectorAll(selector);
+        const r = nodes[nodes.length - 1].getBoundingClientRect();
+        const c = document.querySelector("#conversation").getBoundingClientRect();
+        return r.top >= c.top - 1 && r.bottom <= c.bottom + 1 && r.top >= 0
+            && r.bottom <= window.innerHeight;
+    }""", selector)
+
+
+def test_examples_fill_the_prompt_on_the_empty_page(page: Any, umm: Server) -> None:
+    open_page(page, umm)
+    examples = page.locator("#examples button.example")
+    assert page.is_visible("#examples") and examples.count() >= 2
+    first = examples.first.inner_text()
+    examples.first.click()
+    assert page.input_value("#prompt") == first
+    send(page, script(final("hello")))
+    page.wait_for_selector(".turn.assistant .segment[data-kind=text]", timeout=30_000)
+    assert page.is_hidden("#examples")  # a conversation has started
+    page.click("#clear")
+    assert page.is_visible("#examples")
+
+
+def test_the_prompt_and_the_stop_note_stay_in_view(page: Any, umm: Server) -> None:
+    open_page(page, umm)
+    send(page, STORY, **SIZE)  # a tall answer: an image and a video
+    page.wait_for_selector(".turn.assistant .segment[data-kind=text]", timeout=30_000)
+    page.wait_for_function("!document.querySelector('#send').disabled")
+    send(page, script(image("a slow cube"), final("never")), num_inference_steps=200)
+    page.wait_for_function("document.querySelectorAll('.turn.user').length === 2")
+    assert in_view(page, ".turn.user")  # the question just sent, not below the fold
+    page.wait_for_function(
+        "/step [1-9]/.test(document.querySelector('#progress').textContent)", timeout=30_000)
+    assert in_view(page, ".turn.user")
+    page.click("#stop")
+    page.wait_for_selector(".turn.assistant .notice")
+    assert "Stopped after" in page.inner_text(".turn.assistant .notice")
+    assert in_view(page, ".turn.assistant .notice")
+
+
+def test_a_refused_request_is_not_done(page: Any, umm: Server) -> None:
+    open_page(page, umm)
+    send(page, "draw something huge", width=100000, height=64)
+    page.wait_for_selector("#chat-error:not([hidden])")
+    assert page.is_hidden("#progress") or "done" not in page.inner_text("#progress")
+
+
+def test_the_queue_panel_explains_its_columns(page: Any, umm: Server) -> None:
+    open_page(page, umm)
+    send(page, script(image("a slow cube"), image("another"), final("done")),
+         num_inference_steps=30, width=64, height=64)
+    page.wait_for_selector("#queue table.plan td", timeout=30_000)
+    headers = page.eval_on_selector_all("#queue th",
+                                        "ths => ths.map(t => [t.textContent, t.title])")
+    assert [h for h, _ in headers] == ["request", "phase", "generations", "latest finish"]
+    assert "at most how many more" in headers[2][1] and "worst case" in headers[3][1]
+    assert "worst case" in page.inner_text("#queue .legend")
+    cells = page.eval_on_selector_all("#queue table.plan tr:nth-child(2) td",
+                                      "tds => tds.map(t => t.textContent)")
+    assert " made, ≤ " in cells[2] and " more" in cells[2]
+    assert cells[3] == "not planned yet" or (cells[3].startswith("by ")
+                                             and cells[3].endswith(" s from now"))
+    page.click("#stop")

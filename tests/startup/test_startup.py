@@ -36,6 +36,8 @@ def test_a_port_in_use_fails_at_once_before_anything_loads(tmp_path: Path) -> No
             assert done.returncode == 2, done.stderr
             assert time.monotonic() - start < 15
             assert f"cannot listen on 127.0.0.1:{port}: address already in use" in done.stderr
+            # the way to another port, for `sgl-omni serve` and for `make demo` users
+            assert "--port 8001" in done.stderr and "make demo PORT=8001" in done.stderr
             assert "stage" not in done.stderr + done.stdout  # no stage was started
         assert not (tmp_path / "cache").exists()  # nor the demo checkpoint built
 

@@ -52,3 +52,20 @@ def test_the_reasoner_aspect_rule_holds_whatever_the_setting() -> None:
 
 def test_wrong_types_are_left_to_the_type_checks() -> None:
     check_generation_limits({"width": "16384", "num_frames": True, "fps": 0.5}, DEFAULTS)
+
+
+def test_limits_are_printed_as_exact_numbers() -> None:
+    """A limit reads as the number to pass to --server.max_pixels, never as 2.08896e+06."""
+    with pytest.raises(BadRequest) as info:
+        check_generation_limits({"width": 1920, "height": 1920}, DEFAULTS)
+    assert "over the server's limit of 2088960 (server.max_pixels)" in str(info.value)
+    long = ServerSettings(max_frames=100_000, max_video_seconds=1000.5)
+    with pytest.raises(BadRequest) as info:
+        check_generation_limits({"width": 16, "height": 16, "num_frames": 24_001, "fps": 1},
+                                long)
+    assert "24001 frames at 1 fps are 24001 s of video, over the server's limit of 1000.5 " \
+           "(server.max_video_seconds)" in str(info.value)
+    wide = ServerSettings(max_pixels=10**9)
+    with pytest.raises(BadRequest) as info:
+        check_generation_limits({"width": 160_000, "height": 16}, wide)
+    assert "has an aspect ratio of 10000, over the server's limit of 8 " in str(info.value)

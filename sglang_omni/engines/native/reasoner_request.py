@@ -30,7 +30,7 @@ from sglang_omni.engines.payloads import (
 )
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
-from sglang_omni.media.content_parts import message_parts
+from sglang_omni.media.content_parts import message_parts, without_client_label
 from sglang_omni.media.types import sniff_mime
 
 MEDIA_KINDS = ("image", "video", "audio")
@@ -90,7 +90,7 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
                 raise BadRequest(f"{part.label}: expected {{\"url\": \"...\"}} with a non-empty "
                                  "url")
             body["url"] = await _native_ref(url, frames, policy, workdir, part.label)
-            parts.append({**part.part, part.type: body})
+            parts.append({**without_client_label(part.part), part.type: body})
         out.append({**message, "content": parts})
     return out
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_SIZE, DEFAULT_VIDEO_FRAMES
 from sglang_omni.errors import BadRequest
 
 
@@ -61,9 +61,25 @@ def _ill_typed(options: Mapping[str, Any], *keys: str) -> bool:
     return any(options.get(k) is not None and _int(options, k) is None for k in keys)
 
 
+def number(value: float, decimals: int = 3) -> str:
+    """``value`` as a message shows it: an integer exactly (``2088960``, never ``2.08896e+06``),
+    else rounded to ``decimals`` places, without an exponent."""
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
+
+
 def _over(where: str, what: str, limit: float, setting: str, fix: str) -> BadRequest:
-    return BadRequest(f"{where}: {what}, over the server's limit of {limit:g} "
+    return BadRequest(f"{where}: {what}, over the server's limit of {number(limit)} "
                       f"(server.{setting}); {fix} or raise the limit with --server.{setting}")
+
+
+def default_size(backend: Any) -> tuple[int, int]:
+    """The width and height a generation on ``backend`` makes when a request leaves them out:
+    the hf and scripted engines' square ``DEFAULT_SIZE``, native Cosmos3's 1280x720."""
+    if str(backend) in ("hf", "scripted"):
+        return DEFAULT_SIZE, DEFAULT_SIZE
+    return NATIVE_DEFAULTS.width, NATIVE_DEFAULTS.height
 
 
 def size_multiple(backend: Any) -> int:
@@ -98,10 +114,10 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
                     settings.max_pixels, "max_pixels", "ask for a smaller size")
     ratio = max(width / height, height / width)
     if ratio > settings.max_aspect_ratio:
-        raise _over(size, f"{width}x{height} has an aspect ratio of {ratio:.3g}",
+        raise _over(size, f"{width}x{height} has an aspect ratio of {number(ratio)}",
                     settings.max_aspect_ratio, "max_aspect_ratio", "ask for a squarer size")
     if feeds_reasoner and ratio >= REASONER_MAX_ASPECT:
-        raise BadRequest(f"{size}: {width}x{height} has an aspect ratio of {ratio:.3g}; the "
+        raise BadRequest(f"{size}: {width}x{height} has an aspect ratio of {number(ratio)}; the "
                          f"Reasoner reads each generated image back and refuses aspect ratios "
                          f"of {REASONER_MAX_ASPECT} and more; ask for a squarer size")
     steps = _int(options, "num_inference_steps")
@@ -124,6 +140,6 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
     seconds = frames / fps
     if seconds > settings.max_video_seconds:
         raise _over(f"{where}num_frames / {where}fps",
-                    f"{frames} frames at {fps} fps are {seconds:.3g} s of video",
+                    f"{frames} frames at {fps} fps are {number(seconds)} s of video",
                     settings.max_video_seconds, "max_video_seconds",
                     "ask for fewer frames or a higher fps")

@@ -6,7 +6,15 @@
 const KEY_STORAGE = "sgl-omni-api-key";
 const $ = (id) => document.getElementById(id);
 const state = { mode: null, model: null, history: [], attachments: [], controller: null,
-                videoJob: null };
+                videoJob: null, question: null };
+// Prompts the empty conversation offers, by pipeline mode; clicking one fills the prompt.
+const EXAMPLES = {
+  umm: ["Draw a red cube, then describe it.",
+        "Make a short video of a ball rolling down a hill, then say what happens in it.",
+        "Generate an image of a sunset over the sea, then name its colours."],
+  chat: ["What is in a red cube?", "Explain in two sentences what a diffusion model does.",
+         "Write a haiku about a video that loops."],
+};
 
 // --- the API key, asked for when the server answers 401, kept in this tab only ---------------
 function apiKey() { return sessionStorage.getItem(KEY_STORAGE); }
@@ -141,7 +149,33 @@ function addTurn(role) {
   return turn;
 }
 
-function scrollDown() { const c = $("conversation"); c.scrollTop = c.scrollHeight; }
+// Follow the answer as it grows, but never past the question it answers: the user's prompt
+// stays in view (scroll up to see it go, or down for the rest of the answer).
+function scrollDown() {
+  const c = $("conversation");
+  let top = c.scrollHeight - c.clientHeight;
+  if (state.question && state.question.isConnected) {
+    const questionTop = c.scrollTop + state.question.getBoundingClientRect().top
+      - c.getBoundingClientRect().top - 4;
+    top = Math.min(top, questionTop);
+  }
+  c.scrollTop = Math.max(0, top);
+}
+
+function renderExamples() {
+  const box = $("examples");
+  const prompts = EXAMPLES[state.mode] || [];
+  box.hidden = $("conversation").children.length > 0 || !prompts.length;
+  if (box.children.length > 1) return;
+  for (const text of prompts) {
+    const example = document.createElement("button");
+    example.type = "button";
+    example.className = "example secondary";
+    example.textContent = text;
+    example.onclick = () => { $("prompt").value = text; $("prompt").focus(); };
+    box.append(example);
+  }
+}
 
 function renderSegment(turn, segment) {
   const box = document.createElement("div");
@@ -267,6 +301,8 @@ async function send(event) {
   }
   const userTurn = addTurn("user");
   userTurn.append(userText(text));
+  state.question = userTurn;
+  $("examples").hidden = true;
   for (const a of state.attachments) {
     const note = document.createElement("div");
     note.className = "chip";
@@ -278,6 +314,7 @@ async function send(event) {
   state.attachments = [];
   renderAttachments();
   $("prompt").value = "";
+  scrollDown();
   await run(messages, message);
 }
 
@@ -290,6 +327,7 @@ async function run(messages, userMessage) {
   let latest = null;
   let generations = 0;
   let stopped = false;
+  let outcome = "done";  // or "refused" (the server said no before any work), "failed"
   const line = $("progress");
   line.hidden = false;
   const tick = setInterval(() => {
@@ -305,13 +343,18 @@ async function run(messages, userMessage) {
       body: JSON.stringify(requestBody(messages)), signal: controller.signal,
     });
     if (!response.ok) {
+      outcome = "refused";
       showError("chat-error", await errorText(response));
       return;
     }
     assistant = addTurn("assistant");
     for await (const { data } of sseEvents(response)) {
       if (data === "[DONE]") break;
-      if (data.error) { showError("chat-error", `${data.error.code}: ${data.error.message}`); break; }
+      if (data.error) {
+        outcome = "failed";
+        showError("chat-error", `${data.error.code}: ${data.error.message}`);
+        break;
+      }
       const delta = (data.choices && data.choices[0] && data.choices[0].delta) || {};
       if (delta.progress) {
         latest = delta.progress;
@@ -343,15 +386,19 @@ async function run(messages, userMessage) {
       note.textContent = `Stopped after ${((performance.now() - started) / 1000).toFixed(1)} s; `
         + "the server aborted the request.";
       (assistant || addTurn("assistant")).append(note);
+      note.scrollIntoView({ block: "nearest" });  // the conversation and the page
     } else {
+      outcome = "failed";
       showError("chat-error", `the request failed: ${error.message}`);
     }
   } finally {
     clearInterval(tick);
     const elapsed = (performance.now() - started) / 1000;
     line.textContent = stopped ? `stopped · ${progressText(latest, elapsed)}`
-      : state.mode === "umm" && latest ? doneText({ ...latest, generation: generations }, elapsed)
-        : `done in ${elapsed.toFixed(1)} s`;
+      : outcome === "failed" ? `failed after ${elapsed.toFixed(1)} s`
+        : state.mode === "umm" && latest ? doneText({ ...latest, generation: generations }, elapsed)
+          : `done in ${elapsed.toFixed(1)} s`;
+    line.hidden = outcome === "refused";  // nothing ran: the error box says why
     state.controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
@@ -366,6 +413,7 @@ function setupChat() {
     $("prompt").placeholder = "Ask the Reasoner (attach an image or a video to ask about it)…";
   }
   $("composer").onsubmit = send;
+  renderExamples();
   $("prompt").onkeydown = (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("composer").requestSubmit();
   };
@@ -373,6 +421,8 @@ function setupChat() {
   $("clear").onclick = () => {
     state.history = [];
     $("conversation").replaceChildren();
+    state.question = null;
+    renderExamples();
     $("progress").hidden = true;
     showError("chat-error", "");
   };
@@ -564,6 +614,10 @@ async function pollHealth() {
   }
 }
 
+const GENS_HELP = "generations made so far, and at most how many more its plan allows";
+const FINISH_HELP = "the planned worst case: when the request ends if it uses every generation "
+  + "allowed at the longest measured times (most finish much sooner)";
+
 function seconds(value) { return value === null || value === undefined ? "–" : `${value.toFixed(1)} s`; }
 
 async function pollQueue() {
@@ -579,15 +633,25 @@ async function pollQueue() {
   if (q.plan.length) {
     const table = document.createElement("table");
     table.className = "plan";
-    table.innerHTML = "<tr><th>request</th><th>phase</th><th>gens</th><th>finish</th></tr>";
+    table.innerHTML = "<tr><th>request</th><th>phase</th>"
+      + `<th title="${GENS_HELP}">generations</th><th title="${FINISH_HELP}">latest finish</th></tr>`;
     for (const p of q.plan) {
       const row = table.insertRow();
       row.insertCell().textContent = p.rid.slice(0, 10);
       row.insertCell().textContent = p.phase;
-      row.insertCell().textContent = `${p.used}+${p.allowance}`;
-      row.insertCell().textContent = seconds(p.finish_in_s);
+      const gens = row.insertCell();
+      gens.textContent = `${p.used} made, ≤ ${p.allowance} more`;
+      gens.title = GENS_HELP;
+      const finish = row.insertCell();
+      finish.textContent = p.finish_in_s === null || p.finish_in_s === undefined ? "not planned yet"
+        : `by ${seconds(p.finish_in_s)} from now`;
+      finish.title = FINISH_HELP;
     }
     box.append(table);
+    const legend = document.createElement("div");
+    legend.className = "small legend";
+    legend.textContent = `generations: ${GENS_HELP}. latest finish: ${FINISH_HELP}.`;
+    box.append(legend);
   }
   const m = q.measured;
   const times = document.createElement("div");
