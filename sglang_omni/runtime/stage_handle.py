@@ -48,7 +48,7 @@ ChunkCallback = Callable[[dict[str, Any]], None]
 
 #: The stage's messages that end a job, and those about a job (each a sign of progress).
 JOB_ENDS = frozenset({"result", "error", "aborted"})
-JOB_OPS = JOB_ENDS | {"chunk"}
+JOB_OPS = JOB_ENDS | {"chunk", "progress"}
 
 
 class StageStartupError(Exception):
@@ -383,6 +383,8 @@ class StageHandle:
                 continue
             if header.get("op") in JOB_OPS:  # noted here: a busy server loop is no hang
                 self._last_progress = self.last_seen
+                if header.get("op") == "progress":  # nothing more to do with it
+                    continue
             try:
                 self._loop.call_soon_threadsafe(self._on_message, header, frames, gen)
             except RuntimeError:
