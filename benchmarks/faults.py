@@ -29,6 +29,7 @@ from the fault (the signal, or the faulty request's submission):
 * ``new request``: a request of the same kind sent as ``/health`` leaves ok (the error rows: as
   the faulty request is answered); how long until its answer, and which (503 with Retry-After,
   or 200 served);
+* ``their answers``: the statuses the in-flight and faulty requests got, in each run;
 * ``ready again``: until ``/health`` says ok again;
 * ``unanswered``: requests without an HTTP answer within 60 s of the fault (a JSON or SSE
   answer of any status counts; a dropped connection does not).
@@ -332,12 +333,18 @@ def spread(values: list[float | None], never: str) -> str:
     return text + (f", {never} in {missing}" if missing else "")
 
 
+def tally(statuses: dict[str, int]) -> str:
+    """``8x 500`` or ``8x 200, 1x 500``."""
+    return ", ".join(f"{n}x {status}" for status, n in sorted(statuses.items()))
+
+
 def row(stage: str, fault: str, runs: list[Run]) -> str:
     answers = sorted({r.new_answer for r in runs})
     return " | ".join([
         f"| {stage}", fault,
         spread([r.health_not_ok for r in runs], "stays ok"),
         spread([r.in_flight_answered for r in runs], "never"),
+        " / ".join(sorted({tally(r.statuses) for r in runs})),
         spread([r.new_request for r in runs], "never") + " " + "/".join(answers),
         spread([r.ready_again for r in runs], "never" if fault != "error" else "-"),
         str(sum(r.unanswered for r in runs)) + " |",
@@ -358,9 +365,9 @@ def main() -> int:
         f"{args.in_flight} requests in flight, {args.runs} runs; seconds from the fault, median "
         f"(range); progress_timeout_s {args.progress_timeout:g}",
         "",
-        "| stage | fault | /health not ok | in-flight answered | new request answered "
-        "| ready again | unanswered |",
-        "|---|---|---|---|---|---|---|",
+        "| stage | fault | /health not ok | in-flight answered | their answers "
+        "| new request answered | ready again | unanswered |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     try:
         for stage in args.stages.split(","):

@@ -38,6 +38,10 @@ log = logging.getLogger("sglang_omni.runtime")
 MAX_BACKOFF_S = 60.0
 #: The liveness checks run at least this often (heartbeats go out every heartbeat_interval_s).
 CHECK_EVERY_S = 0.25
+#: A check that comes this much later than planned is skipped: the server's event loop was held
+#: up (a long call holding the GIL), so the reader thread that times the stage's answers may
+#: not have read those waiting on its socket yet; the next check judges.
+LATE_TICK_S = 0.5
 #: ``progress_timeout_s`` when a stage's config leaves it unset, by backend. Every engine of
 #: the scripted and hf backends reports progress at least every denoising step or decoded token
 #: (a 720p native step takes 0.66 s on an H200: 60 s is about 90 silent steps).
@@ -191,8 +195,14 @@ class StageSupervisor:
         interval = self.policy.heartbeat_interval_s
         tick = min(interval, CHECK_EVERY_S)
         next_ping = 0.0
+        last_tick = time.monotonic()
         while True:
             await asyncio.sleep(tick)
+            now = time.monotonic()
+            late = now - last_tick > tick + LATE_TICK_S
+            last_tick = now
+            if late:  # this loop was held up: the reader thread may not have caught up yet
+                continue
             if not handle.healthy:
                 self._unanswered_since = None
                 continue
@@ -201,7 +211,6 @@ class StageSupervisor:
                 self._unanswered_since = None
                 handle.hang(quiet)
                 continue
-            now = time.monotonic()
             if self._unanswered_since is not None and handle.last_seen >= self._unanswered_since:
                 self._unanswered_since = None
             if self._unanswered_since is not None:
