@@ -82,6 +82,8 @@ def test_a_frozen_stage_is_found_within_5_s_with_the_default_settings() -> None:
             body = wait_health(server, "ok")
             assert body["stages"]["generation"]["restarts"] == 1
             assert body["stages"]["generation"]["pid"] != stage.pid
+            fault = body["stages"]["generation"]["last_fault"]
+            assert fault.startswith("stalled: it has not answered its heartbeat"), fault
             assert "has not answered its heartbeat" in server.log()
         finally:
             resume_and_kill(stage)
@@ -112,6 +114,9 @@ def test_an_engine_hung_inside_a_job_is_found_killed_and_restarted(stage: str) -
         assert f"stages.{stage}.factory.progress_timeout_s" in message, message
         body = wait_health(server, "ok")
         assert body["stages"][stage]["restarts"] == 1
+        assert "has made no progress on its" in body["stages"][stage]["last_fault"]
+        assert body["stages"]["reasoner" if stage == "generation" else "generation"][
+            "last_fault"] is None
         assert restarts(server, stage) == 1
         assert server.stage_pid(stage) != old_pid
         assert "directive, the engine thread hangs now" in server.log()
