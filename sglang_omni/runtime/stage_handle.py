@@ -382,6 +382,8 @@ class StageHandle:
             if header.get("op") == "pong":
                 media = header.get("media")
                 if isinstance(media, dict):
+                    if media != self._media:  # media arriving for its jobs is progress too
+                        self._last_progress = self.last_seen
                     self._media = media
                 continue
             if header.get("op") in JOB_OPS:  # noted here: a busy server loop is no hang

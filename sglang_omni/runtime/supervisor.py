@@ -12,7 +12,8 @@ Liveness is judged from two signs, each with its own limit:
   thread; a stage that answers none for ``stall_timeout_s`` (3 s: a frozen process, SIGSTOP,
   is found within about 5 s) is stalled;
 * the engine: a stage holding a job whose engine shows no progress on any (no step, token
-  batch, model call's return, chunk, result or error: ``Job.progress``) for
+  batch, model call's return, chunk, result or error: ``Job.progress``; nor media bytes
+  received, which the stage's heartbeat answers carry) for
   ``progress_timeout_s`` is hung (a GPU hang, a deadlocked engine), although its process still
   answers. Its default depends on the backend (:func:`default_progress_timeout_s`).
 

@@ -9,7 +9,9 @@ progress (a Reasoner decoding for longer than the timeout) is never taken for hu
 from __future__ import annotations
 
 import signal
+import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -21,6 +23,7 @@ from sglang_omni.runtime.supervisor import (
     RestartPolicy,
     default_progress_timeout_s,
 )
+from tests.media.media_http_server import Handler, MediaServer, ServerState, bind_pair
 from tests.server import SCRIPTED_UMM, Server
 from tests.supervision.kit import (
     ENDS_WITHIN_S,
@@ -150,3 +153,34 @@ def test_default_progress_timeouts_by_backend() -> None:
     assert RestartPolicy.from_factory({"backend": "hf", "progress_timeout_s": 5},
                                       "reasoner").progress_timeout_s == 5.0
     assert RestartPolicy.from_factory({}, "generation").stall_timeout_s == 3.0
+
+
+@pytest.fixture
+def trickling_host() -> Iterator[MediaServer]:
+    """A loopback media host; ``/trickle`` sends a byte every 50 ms for 5 s."""
+    state = ServerState()
+    servers = bind_pair(type("Handler", (Handler,), {"state": state}))
+    for srv in servers:
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+    yield MediaServer(port=servers[0].server_address[1], state=state)
+    state.stop.set()
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_stage_receiving_media_is_not_taken_for_hung(trickling_host: MediaServer) -> None:
+    """A Reasoner turn whose media arrives slowly (5 s, past the 2 s progress timeout) is
+    making progress: it is not failed, and the stage is not restarted."""
+    with Server(*SCRIPTED_UMM, "--allowed-media-domain", "127.0.0.1",
+                *supervised("reasoner", progress_s=2.0)) as server:
+        body = {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": script(final("{media}"), tail="")},
+            {"type": "image_url", "image_url": {"url": trickling_host.url("127.0.0.1",
+                                                                          "/trickle")}}]}]}
+        resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert "made no progress" not in resp.text, resp.text
+        assert restarts(server, "reasoner") == 0
+        assert health(server).json()["status"] == "ok"
