@@ -127,13 +127,22 @@ def test_an_engine_hung_inside_a_job_is_found_killed_and_restarted(stage: str) -
         assert ok.status_code == 200, ok.text
 
 
-def test_a_reasoner_reporting_progress_runs_past_the_timeout() -> None:
-    """A Reasoner turn of twice the progress timeout reports its decoding: it is served."""
+def test_progress_and_engine_errors_leave_the_stage_serving() -> None:
+    """A Reasoner turn of twice the progress timeout reports its decoding: it is served. An
+    engine error (``!error``) fails its request only: the stage is not restarted."""
     with hung_server() as server:
         resp = reason(server, final("thought long", delay_s=2 * PROGRESS_S))
         assert resp.status_code == 200, resp.text
+        failed = generate(server, "!error")
+        assert failed.status_code == 500, failed.text
+        message = failed.json()["error"]["message"]
+        assert "generation stage failed this request unexpectedly" in message, message
         assert restarts(server, "reasoner") == 0
-        assert health(server).json()["status"] == "ok"
+        assert restarts(server, "generation") == 0
+        body = health(server).json()
+        assert body["status"] == "ok"
+        assert body["stages"]["generation"]["last_fault"] is None
+        assert generate(server, "after").status_code == 200
 
 
 def test_default_progress_timeouts_by_backend() -> None:
