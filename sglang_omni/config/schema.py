@@ -62,14 +62,15 @@ PROCESS_FACTORY: dict[str, FactoryField] = {
         minimum=0.01,
     ),
     "stall_timeout_s": FactoryField(
-        (int, float), 30.0, "a stage that answers no heartbeat for this long is stalled: its "
-        "requests fail and it is killed and restarted", minimum=0.01
+        (int, float), 3.0, "a stage that answers no heartbeat for this long (a frozen process) "
+        "is stalled: its requests fail and it is killed and restarted", minimum=0.01
     ),
     "progress_timeout_s": FactoryField(
-        (int, float), 0.0, "a stage holding a job that reports no progress on any (no token, "
-        "result or error) for this long is hung: its requests fail and it is killed and "
-        "restarted (0: never; a non-streamed Reasoner turn reports nothing until it ends, and "
-        "native SGLang's own watchdog guards the native Reasoner)", minimum=0
+        (int, float), None, "a stage holding a job whose engine reports no progress on any (no "
+        "denoising step, token batch, model call's return, result or error) for this long is "
+        "hung: its requests fail and it is killed and restarted (0: never; unset: 60 s, but "
+        "600 s for native generation without the cancellation plugin, which reports no steps, "
+        "and never for the native Reasoner, guarded by native SGLang's own watchdog)", minimum=0
     ),
 }
 

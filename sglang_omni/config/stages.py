@@ -24,12 +24,6 @@ GENERATION_FACTORY: dict[str, FactoryField] = {
     "cancellation_plugin": FactoryField(
         (bool,), True, "native backend: provide the omni_generation_cancellation plugin to the "
         "native workers (false: an aborted request keeps the stage busy until it finishes)"),
-    "progress_timeout_s": FactoryField(
-        (int, float), 600.0, "a generation stage holding a job that reports no progress (no "
-        "denoising step, result or error) for this long is hung, as on a GPU hang: its requests "
-        "fail and it is killed and restarted (0: never). Keep it above the longest generation "
-        "when the stage reports no steps (native generation without the cancellation plugin)",
-        minimum=0),
     "audio": FactoryField(
         (bool,), False, "native backend: serve audiovisual generation (checked at startup: full "
         "checkpoint and FFmpeg with AAC)"),

@@ -5,6 +5,12 @@ awaits ``engine.run(job)``. An abort sets ``job.cancelled`` and cancels the task
 so an engine stops either at its next ``await`` or, for blocking compute in a thread, at its
 next check of ``job.cancelled``.
 
+Liveness comes from progress: an engine calls ``job.progress()`` (from any thread, as often as it
+likes; the stage sends at most a few a second) at each sign of life inside a job — a denoising
+step, a decoded token batch, a model call's return. A chunk it emits counts as progress too. A
+stage holding a job that shows none for its ``progress_timeout_s`` is taken for hung and is
+killed and restarted (``runtime.supervisor``).
+
 Payloads by role are typed in ``engines.payloads`` (``ReasonerPayload``, ``GenerationPayload``
 and their results and chunks); an engine answers with ``engines.result.StageResult``.
 """
@@ -31,13 +37,15 @@ OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 
 @dataclass
 class Job:
-    """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order."""
+    """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order;
+    ``progress`` (thread-safe, cheap) says the engine is still moving on this job."""
 
     rid: str
     payload: Mapping[str, Any]
     frames: Frames
     emit: Callable[[dict[str, Any]], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    progress: Callable[[], None] = field(default=lambda: None)
     #: Seconds of the job by span (``pipeline.timeline.ENGINE_SPANS``: media, prefill, decode,
     #: denoise, vae_decode, encode), sent with the result; what no span covers is "engine".
     spans: dict[str, float] = field(default_factory=dict)

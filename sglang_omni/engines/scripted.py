@@ -22,11 +22,17 @@ request before its stage reports ready unless ``engine.skip_server_warmup`` is s
 native SGLang's scheduler and detokenizer, one that exits stops the stage, and the stage's exit
 stops the server.
 
+Addition for liveness: an entry with ``"hang": true`` blocks the engine's thread for good (the
+process lives and answers heartbeats: a hung GPU), and ``delay_s`` reports progress every
+:data:`PROGRESS_SLICE_S`, as a decoding model does per token batch.
+
 Generator: PNG (``DEFAULT_SIZE`` square, 640) or H.264 MP4 (``DEFAULT_VIDEO_FRAMES`` at
 ``DEFAULT_FPS``) whose pixels are a function of prompt, seed (``DEFAULT_SEED``), size and frame
 index, after ``num_inference_steps`` (4) steps of ``factory.step_time_s`` seconds, cancellable
 between steps. Either engine takes ``factory.start_delay_s`` seconds to start. Prompt
-directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``,
+directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``
+(S silent seconds), ``!hang`` (blocks the engine's thread for good while the process lives, as a
+hung GPU does), ``!error`` (the engine raises an unexpected exception: an engine bug),
 and ``!size=N`` (media padded with trailing zeros to N bytes, for
 benchmarks); anywhere in the prompt, ``!abort-delay=S`` makes an aborted generation take S more
 seconds to end (as a native engine finishes its current step). Direct generation's actions
@@ -44,6 +50,7 @@ import json
 import logging
 import os
 import re
+import threading
 from typing import Any, cast
 
 import psutil
@@ -83,6 +90,23 @@ from sglang_omni.media.types import INLINE_LIMIT
 log = logging.getLogger("sglang_omni.scripted")
 
 SCRIPT_RE = re.compile(r"<omni-script>(.*?)</omni-script>", re.DOTALL)
+#: A scripted Reasoner's ``delay_s`` reports progress this often (simulated token batches).
+PROGRESS_SLICE_S = 0.25
+
+
+def hang_engine_thread(job: Job, directive: str) -> None:
+    """Block the calling (engine) thread for good: the process lives and its reader thread
+    answers heartbeats, but this engine never makes progress again (a hung GPU)."""
+    log.error("request %s: %s directive, the engine thread hangs now", job.rid, directive)
+    threading.Event().wait()
+
+
+async def _reasoning_time(job: Job, seconds: float) -> None:
+    """Simulated Reasoner time, reporting progress as decoding does."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        await asyncio.sleep(min(PROGRESS_SLICE_S, left))
+        job.progress()
 
 
 async def _start_delay(spec: EngineSpec) -> None:
@@ -221,14 +245,17 @@ class ScriptedReasoner:
                      "text": f"scripted reasoner: no script entry for turn {turn}"}
         if isinstance(entry, dict) and "error" in entry:
             raise _refusal(entry)
+        if isinstance(entry, dict) and entry.get("hang") is True:
+            hang_engine_thread(job, '"hang": true')
         if payload.get("stream"):
             job.emit({"text": ""})  # accepted
         if isinstance(entry, dict):
             entry = dict(entry)
+            entry.pop("hang", None)
             delay = float(entry.pop("delay_s", 0) or 0)
             if delay > 0:
                 with job.timed("decode"):  # the simulated Reasoner time
-                    await asyncio.sleep(delay)
+                    await _reasoning_time(job, delay)
             for key in ("text", "prompt"):
                 if isinstance(entry.get(key), str):
                     entry[key] = _substitute(entry[key], job, media)
@@ -256,7 +283,7 @@ def _pieces(text: str, size: int = 16) -> list[str]:
 
 # --- Generator -------------------------------------------------------------------------------
 DIRECTIVE_RE = re.compile(
-    r"^\s*!(no-media|crash|oversize|extra|malformed|sleep=([0-9.]+)|size=([0-9]+))")
+    r"^\s*!(no-media|crash|oversize|extra|malformed|hang|error|sleep=([0-9.]+)|size=([0-9]+))")
 ABORT_DELAY_RE = re.compile(r"!abort-delay=([0-9.]+)")
 
 
@@ -305,6 +332,10 @@ class ScriptedGenerator:
         if name == "crash":
             log.error("request %s: !crash directive, exiting the stage process now", job.rid)
             os._exit(70)
+        if name == "hang":
+            hang_engine_thread(job, "!hang")
+        if name == "error":
+            raise RuntimeError(f"request {job.rid}: !error directive (a simulated engine bug)")
         abort_delay = ABORT_DELAY_RE.search(prompt)
         try:
             if name and name.startswith("sleep="):

@@ -129,6 +129,7 @@ async def fetch_remote(
     def counted(chunk: bytes) -> object:
         nonlocal received
         received += len(chunk)
+        MEDIA_STATS.received(len(chunk))
         return sink(chunk)
 
     try:

@@ -25,7 +25,14 @@ class MediaStats:
         self._lock = threading.Lock()
         self.fetches = 0
         self.bytes = 0
+        #: Bytes received so far, counted as they arrive (fetches in progress included): a
+        #: stage whose count moves is making progress on its jobs (``runtime.supervisor``).
+        self.receiving = 0
         self.refusals: dict[str, int] = {}
+
+    def received(self, size: int) -> None:
+        with self._lock:
+            self.receiving += size
 
     def fetched(self, size: int) -> None:
         with self._lock:
@@ -39,7 +46,7 @@ class MediaStats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"fetches": self.fetches, "bytes": self.bytes,
-                    "refusals": dict(self.refusals)}
+                    "receiving": self.receiving, "refusals": dict(self.refusals)}
 
 
 MEDIA_STATS = MediaStats()

@@ -50,7 +50,8 @@ class StageSet:
             for s in config.process_stages()
         }
         self.supervisors: dict[str, StageSupervisor] = {
-            s.name: StageSupervisor(self.handles[s.name], RestartPolicy.from_factory(s.factory))
+            s.name: StageSupervisor(self.handles[s.name],
+                                    RestartPolicy.from_factory(s.factory, s.role))
             for s in config.process_stages()
         }
 

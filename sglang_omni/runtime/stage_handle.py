@@ -48,7 +48,7 @@ ChunkCallback = Callable[[dict[str, Any]], None]
 
 #: The stage's messages that end a job, and those about a job (each a sign of progress).
 JOB_ENDS = frozenset({"result", "error", "aborted"})
-JOB_OPS = JOB_ENDS | {"chunk"}
+JOB_OPS = JOB_ENDS | {"chunk", "progress"}
 
 
 class StageStartupError(Exception):
@@ -111,6 +111,9 @@ class StageHandle:
         self.restarting = False
         #: The stage stopped answering its heartbeat; set until the process is gone.
         self.stalled = False
+        #: Why the stage's last process failed (it exited, froze or its engine hung), for
+        #: ``/health``; None while no process of it has failed.
+        self.last_fault: str | None = None
         #: monotonic time of the last message from the current process (heartbeat answers too).
         self.last_seen = time.monotonic()
         #: Jobs (rid, token) sent to the current process that it has not ended yet (no result,
@@ -379,10 +382,14 @@ class StageHandle:
             if header.get("op") == "pong":
                 media = header.get("media")
                 if isinstance(media, dict):
+                    if media != self._media:  # media arriving for its jobs is progress too
+                        self._last_progress = self.last_seen
                     self._media = media
                 continue
             if header.get("op") in JOB_OPS:  # noted here: a busy server loop is no hang
                 self._last_progress = self.last_seen
+                if header.get("op") == "progress":  # nothing more to do with it
+                    continue
             try:
                 self._loop.call_soon_threadsafe(self._on_message, header, frames, gen)
             except RuntimeError:
@@ -481,6 +488,7 @@ class StageHandle:
         if self.dead or self.stalled or self._process is None:
             return
         self.stalled = True
+        self.last_fault = f"stalled: it {what}; killed"
         log.error("the %s stage %s; failing %d in-flight request(s) and killing it", self.name,
                   what, len(self._pending))
         self._fail_all(message)
@@ -535,6 +543,9 @@ class StageHandle:
             self.stalled = False
             return
         self.restarting = self.restart_decision(self)
+        if not self.stalled:  # a stalled stage's exit is the kill; its fault is the stall
+            self.last_fault = f"exited with code {self.exitcode}" + (
+                f": {self.fatal_message}" if self.fatal_message else "")
         self.stalled = False
         log.error("the %s stage process exited with code %s; failing %d in-flight request(s)%s",
                   self.name, self.exitcode, len(self._pending),

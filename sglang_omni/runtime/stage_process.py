@@ -5,8 +5,9 @@ Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`
 thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
 :mod:`sglang_omni.media.stats`). Stage -> server: ``ready {pid, stops_server_on_exit}``,
 ``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload, engine_s,
-spans}`` + frames,
-``error {rid, token, status, type, message}``, ``aborted {rid, token}``, and
+spans}`` + frames, ``error {rid, token, status, type, message}``, ``aborted {rid, token}``,
+``progress {rid, token}`` (the engine's ``job.progress()``, at most one per job every
+:data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
 then exits with code 3). A message is packed by the code that sends it, so a result or chunk
 the wire cannot carry fails that request (``error``) instead of vanishing.
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -51,6 +53,8 @@ FATAL_EXIT_CODE = 3
 SERVER_SILENCE_FACTOR = 2.0
 #: ... and never sooner than this (a server loop held up a few seconds is not frozen).
 MIN_SERVER_SILENCE_S = 10.0
+#: A job's progress reports reach the server at most this often (the rest are dropped).
+PROGRESS_EVERY_S = 0.5
 
 
 def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str,
@@ -136,7 +140,7 @@ class _StageServer:
         # Installed after start: a native engine may install its own handlers while starting.
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
-        stall_s = float(self.spec.factory.get("stall_timeout_s", 30.0) or 30.0)
+        stall_s = float(self.spec.factory.get("stall_timeout_s", 3.0) or 3.0)
         silence_s = max(MIN_SERVER_SILENCE_S, SERVER_SILENCE_FACTOR * stall_s)
         threading.Thread(target=self._watch_server, args=(silence_s,), daemon=True,
                          name="server-watch").start()
@@ -229,7 +233,8 @@ class _StageServer:
             def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
                 self.send({"op": "chunk", "rid": r, "token": t, "data": data})
 
-            job = Job(rid, header["payload"], frames, emit=emit)
+            job = Job(rid, header["payload"], frames, emit=emit,
+                      progress=self._progress_reporter(rid, token))
             task = asyncio.get_running_loop().create_task(self.engine.run(job))
             started = time.perf_counter()
 
@@ -246,6 +251,19 @@ class _StageServer:
                 task.cancel()
         elif op == "shutdown":
             self.stopping.set()
+
+    def _progress_reporter(self, rid: str, token: int) -> Callable[[], None]:
+        """``job.progress`` of one job: sends ``progress`` at most every PROGRESS_EVERY_S;
+        callable from any thread (a lost race sends one extra report, harmlessly)."""
+        last = [float("-inf")]
+
+        def progress() -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S:
+                last[0] = now
+                self.send({"op": "progress", "rid": rid, "token": token})
+
+        return progress
 
     def _finished(self, job: Job, token: int, task: asyncio.Task, started: float) -> None:
         """Report a job's outcome; runs even when the job was aborted before it started."""

@@ -1,15 +1,25 @@
-"""Stage supervision: restart a stage process that exits, and notice one that freezes.
+"""Stage supervision: restart a stage process that exits, and notice one that freezes or hangs.
 
 A ``StageSupervisor`` owns the restart policy of one ``StageHandle``. When the stage's process
 exits (OOM kill, crash, kill -9) it is started again after a backoff that doubles with each
 restart in the window, up to ``max_restarts`` per ``restart_window_s``; past that budget the
 stage stays down and the server unhealthy. A stage whose engine stops the server on exit
-(native SGLang) is never restarted. A heartbeat every ``heartbeat_interval_s`` checks that the
-stage answers; one silent for ``stall_timeout_s`` is reported ``stalled``, its in-flight
-requests fail, and its process group is killed, after which it restarts like a crashed stage.
-A stage whose reader thread still answers but whose engine made no progress on the jobs it holds
-(no step, token, result or error) for ``progress_timeout_s`` is hung (a GPU hang, a deadlocked
-engine) and is handled the same way (0: never).
+(native SGLang) is never restarted.
+
+Liveness is judged from two signs, each with its own limit:
+
+* the process: a heartbeat every ``heartbeat_interval_s``, answered by the stage's reader
+  thread; a stage that answers none for ``stall_timeout_s`` (3 s: a frozen process, SIGSTOP,
+  is found within about 5 s) is stalled;
+* the engine: a stage holding a job whose engine shows no progress on any (no step, token
+  batch, model call's return, chunk, result or error: ``Job.progress``; nor media bytes
+  received, which the stage's heartbeat answers carry) for
+  ``progress_timeout_s`` is hung (a GPU hang, a deadlocked engine), although its process still
+  answers. Its default depends on the backend (:func:`default_progress_timeout_s`).
+
+Either way its in-flight requests fail at once with an error naming the stage and what stalled,
+``/health`` says ``stalled``, and its process group is killed, after which it restarts like a
+crashed stage. Both limits are checked every :data:`CHECK_EVERY_S` at most.
 """
 
 from __future__ import annotations
@@ -27,6 +37,32 @@ from sglang_omni.runtime.task_errors import log_failure
 log = logging.getLogger("sglang_omni.runtime")
 
 MAX_BACKOFF_S = 60.0
+#: The liveness checks run at least this often (heartbeats go out every heartbeat_interval_s).
+CHECK_EVERY_S = 0.25
+#: A check that comes this much later than planned is skipped: the server's event loop was held
+#: up (a long call holding the GIL), so the reader thread that times the stage's answers may
+#: not have read those waiting on its socket yet; the next check judges.
+LATE_TICK_S = 0.5
+#: ``progress_timeout_s`` when a stage's config leaves it unset, by backend. Every engine of
+#: the scripted and hf backends reports progress at least every denoising step or decoded token
+#: (a 720p native step takes 0.66 s on an H200: 60 s is about 90 silent steps).
+PROGRESS_TIMEOUT_S = 60.0
+#: Native generation reports its steps only through the cancellation plugin; without it a
+#: whole generation is silent, so only a generation longer than this is taken for hung.
+NATIVE_SILENT_GENERATION_TIMEOUT_S = 600.0
+
+
+def default_progress_timeout_s(backend: str, role: str, factory: dict[str, Any]) -> float:
+    """The progress timeout of a stage whose config leaves ``progress_timeout_s`` unset (0:
+    never). The native Reasoner's non-streamed turn reports nothing until it ends, and native
+    SGLang's own watchdog guards its forward passes, so it is not judged by progress."""
+    if backend != "native":
+        return PROGRESS_TIMEOUT_S
+    if role == "reasoner":
+        return 0.0
+    if factory.get("cancellation_plugin", True):
+        return PROGRESS_TIMEOUT_S
+    return NATIVE_SILENT_GENERATION_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -37,12 +73,18 @@ class RestartPolicy:
     restart_window_s: float = 600.0
     restart_backoff_s: float = 1.0
     heartbeat_interval_s: float = 1.0
-    stall_timeout_s: float = 30.0
-    progress_timeout_s: float = 0.0
+    stall_timeout_s: float = 3.0
+    progress_timeout_s: float = PROGRESS_TIMEOUT_S
 
     @classmethod
-    def from_factory(cls, factory: dict[str, Any]) -> RestartPolicy:
+    def from_factory(cls, factory: dict[str, Any], role: str = "generation") -> RestartPolicy:
+        """The policy of a stage of ``role`` from its factory options; an unset (None)
+        ``progress_timeout_s`` takes its backend's default."""
         d = cls()
+        progress = factory.get("progress_timeout_s")
+        if progress is None:
+            progress = default_progress_timeout_s(str(factory.get("backend", "native")), role,
+                                                  factory)
         return cls(
             max_restarts=int(factory.get("max_restarts", d.max_restarts)),
             restart_window_s=float(factory.get("restart_window_s", d.restart_window_s)),
@@ -50,8 +92,7 @@ class RestartPolicy:
             heartbeat_interval_s=float(factory.get("heartbeat_interval_s",
                                                    d.heartbeat_interval_s)),
             stall_timeout_s=float(factory.get("stall_timeout_s", d.stall_timeout_s)),
-            progress_timeout_s=float(factory.get("progress_timeout_s",
-                                                 d.progress_timeout_s)),
+            progress_timeout_s=float(progress),
         )
 
 
@@ -145,14 +186,24 @@ class StageSupervisor:
 
     # --- heartbeat ---------------------------------------------------------------------------
     async def _heartbeat(self) -> None:
-        """Ping the stage; a stage whose oldest unanswered ping is older than the stall
-        timeout is stalled (a server loop that was busy sends no ping, so it cannot mistake
-        its own delay for the stage's); one silent on its jobs past the progress timeout is
-        hung (the stage's messages are timed by the handle's reader thread, so a busy server
-        loop cannot mistake its own delay for that either)."""
+        """Ping the stage every heartbeat interval and check it every CHECK_EVERY_S: a stage
+        whose oldest unanswered ping is older than the stall timeout is stalled (a server loop
+        that was busy sends no ping, so it cannot mistake its own delay for the stage's); one
+        silent on its jobs past the progress timeout is hung (the stage's messages are timed by
+        the handle's reader thread, so a busy server loop cannot mistake its own delay for that
+        either)."""
         handle = self.handle
+        interval = self.policy.heartbeat_interval_s
+        tick = min(interval, CHECK_EVERY_S)
+        next_ping = 0.0
+        last_tick = time.monotonic()
         while True:
-            await asyncio.sleep(self.policy.heartbeat_interval_s)
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            late = now - last_tick > tick + LATE_TICK_S
+            last_tick = now
+            if late:  # this loop was held up: the reader thread may not have caught up yet
+                continue
             if not handle.healthy:
                 self._unanswered_since = None
                 continue
@@ -161,7 +212,6 @@ class StageSupervisor:
                 self._unanswered_since = None
                 handle.hang(quiet)
                 continue
-            now = time.monotonic()
             if self._unanswered_since is not None and handle.last_seen >= self._unanswered_since:
                 self._unanswered_since = None
             if self._unanswered_since is not None:
@@ -170,7 +220,9 @@ class StageSupervisor:
                     self._unanswered_since = None
                     handle.stall(silent)
                     continue
-            else:
+            if now < next_ping:
+                continue
+            if self._unanswered_since is None:
                 self._unanswered_since = now
+            next_ping = now + interval
             handle.ping()
-

@@ -209,6 +209,7 @@ class HFReasoner(ThreadedModelEngine):
 
         class _Abort(StoppingCriteria):
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                job.progress()  # each decoded token: the engine is alive
                 return torch.full((input_ids.shape[0],), job.cancelled.is_set(),
                                   dtype=torch.bool, device=input_ids.device)
 

@@ -137,6 +137,9 @@ class StageHealth(BaseModel):
     pid: int | None
     exitcode: int | None
     restarts: int
+    last_fault: str | None = Field(
+        None, description="why the stage's last process failed (it exited, stopped answering "
+        "its heartbeat or made no progress on its jobs), null while none has")
 
 
 class Health(BaseModel):
