@@ -105,11 +105,11 @@ VIDEO_PIXELS = {"shortest_edge": 32 * 32, "longest_edge": 4 * 128 * 128}
 
 # `sgl-omni serve --demo`: the interleaved pipeline on the CPU with the hf backend. Decisions get
 # a small token budget (random weights rarely close a string on their own), generations default
-# to 4 denoising steps, and a request makes at most two generations (5 dispatches: random weights
-# never choose to answer, so each request would otherwise run to the 8-generation cap, about 12 MB
-# of noise); a request's own options and the command line's flags win.
+# to 4 denoising steps, and a request makes one generation, then answers (3 dispatches: random
+# weights never choose to answer, so a request would otherwise run to the 8-generation cap, eight
+# noise images and about 12 MB); a request's own options and the command line's flags win.
 DEMO_OVERRIDES: dict[str, Any] = {
-    "orchestrator.factory.max_dispatches": 5,
+    "orchestrator.factory.max_dispatches": 3,
     "config_cls": "Cosmos3UMMPipelineConfig",
     "generation.gpu": None,
     "generation.factory.backend": "hf",
