@@ -55,7 +55,7 @@ def add_server_info_route(router: APIRouter, config: ResolvedConfig, mode: str,
     @router.get("/server_info")
     async def server_info_route() -> Response:
         """The served model and parallelism, as native's diffusion server reports them, and
-        whether the checkpoint's weights are random (``random_weights``, ``notice``)."""
+        whether the checkpoint's weights are random (`random_weights`, with a `notice`)."""
         return json_response(server_info(config, mode, served_name, random))
 
 
