@@ -36,7 +36,8 @@ from sglang_omni.runtime.task_errors import log_failure
 log = logging.getLogger("sglang_omni.scale")
 
 #: Paths that are not model requests (not counted in ``in_flight``).
-SERVICE_PATHS = ("/health", "/metrics", "/v1/models", "/docs", "/redoc", "/openapi.json")
+SERVICE_PATHS = ("/health", "/metrics", "/v1/models", "/server_info", "/docs", "/redoc",
+                 "/openapi.json")
 SAMPLE_S = 0.05
 
 

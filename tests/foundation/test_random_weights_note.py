@@ -61,3 +61,12 @@ def test_the_demo_ends_a_request_after_one_generation() -> None:
         ["serve", "--demo", "--model-path", "/models/tiny",
          "--orchestrator.factory.max_dispatches", "17"])
     assert cli._resolve(args, extra).stage("orchestrator").factory["max_dispatches"] == 17
+
+
+def test_server_info_is_not_a_model_request_for_the_fleet() -> None:
+    """The playground reads /server_info on every page load; a replica's in-flight count (what
+    the fleet routes by) counts model requests only."""
+    from sglang_omni.scale.stats import ReplicaStats
+
+    assert not ReplicaStats.counts("/server_info")
+    assert ReplicaStats.counts("/generate")
