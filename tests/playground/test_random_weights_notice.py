@@ -32,8 +32,8 @@ def open_page(page: Any, server: Server) -> None:
     page.wait_for_selector("body[data-ready]")
 
 
-def test_a_random_weight_checkpoint_is_announced_on_the_page(page: Any, random_server: Server,
-                                                             screenshot: Any) -> None:
+def test_a_random_weight_checkpoint_is_announced_on_the_page(page: Any,
+                                                             random_server: Server) -> None:
     info = httpx.get(f"{random_server.url}/server_info").json()
     assert info["random_weights"] is True and BUILT_BY in info["notice"]
     open_page(page, random_server)
@@ -43,7 +43,6 @@ def test_a_random_weight_checkpoint_is_announced_on_the_page(page: Any, random_s
     assert BUILT_BY in shown
     box = page.locator("#weights-notice").bounding_box()
     assert box is not None and box["y"] < 200 and box["height"] > 10  # at the top, in view
-    screenshot(page, "playground-random-weights")
 
 
 def test_a_trained_checkpoint_shows_no_notice(page: Any) -> None:
