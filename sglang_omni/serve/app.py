@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.errors import OmniError, ServiceUnavailable
+from sglang_omni.models import random_weights
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.auth import ApiKeyAuth
 from sglang_omni.serve.body_budget import BodyBudget
@@ -29,6 +30,7 @@ from sglang_omni.serve.chat_routes import chat_routes
 from sglang_omni.serve.direct_routes import direct_routes
 from sglang_omni.serve.docs import docs_router
 from sglang_omni.serve.http_errors import error_response, install_error_handlers
+from sglang_omni.serve.info_routes import add_server_info_route
 from sglang_omni.serve.interleaved_routes import interleaved_routes
 from sglang_omni.serve.metrics import ServerMetrics
 from sglang_omni.serve.mode_routes import ModeRoutes
@@ -107,6 +109,8 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     app.state.server_settings = config.server
     app.state.body_budget = BodyBudget(config.server.max_pending_body_bytes)
     app.state.startup_error = None
+    #: The checkpoint's random-weight note (None for trained weights), read once.
+    app.state.random_weights = random_weights.read(config.model_path)
     if config.server.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.server.api_key)
     install_error_handlers(app, error_response)  # JSON 500s, 401s included
@@ -146,6 +150,8 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         """Prometheus metrics (``sgl_omni_*``)."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_server_info_route(app.router, config, orchestrator.mode, served_name,
+                          app.state.random_weights)
     app.include_router(routes.router)
     app.include_router(docs_router(app.title))
     app.include_router(playground_router())

@@ -10,7 +10,7 @@ request and response shapes and body formats:
 * actions (:mod:`.action_routes`): ``POST /v1/actions/generations`` (JSON, a form or msgpack),
   ``GET /v1/actions/metadata``, ``WS /v1/actions/realtime`` (:mod:`.realtime_actions`);
 * ``WS /v1/realtime_video/generate`` (:mod:`.realtime_video`);
-* ``GET /server_info``, ``GET /model_info`` (:mod:`.info_routes`).
+* ``GET /model_info`` (:mod:`.info_routes`; ``GET /server_info`` is every pipeline's).
 
 Unlike native, every media field of every route (references, ``data:`` URLs and uploads) passes
 the media policy with the chat media limits before any model work, as do the server's generation

@@ -1,9 +1,11 @@
-"""``GET /server_info`` and ``GET /model_info`` of direct generation, in the shape native
-SGLang's diffusion server answers them (so a model gateway discovers an Omni server as it
-discovers a native one).
+"""``GET /server_info`` (every pipeline) and ``GET /model_info`` (direct generation), in the
+shape native SGLang's diffusion server answers them (so a model gateway discovers an Omni server
+as it discovers a native one).
 
 ``version`` is the SGLang release Omni serves natively (the gateway reads it as native's);
-``omni_version`` is this package's.
+``omni_version`` is this package's. Omni adds ``pipeline``, ``mode`` and ``random_weights`` with
+its ``notice`` (:mod:`sglang_omni.models.random_weights`: the checkpoint was built with random
+weights; the playground shows the notice).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.models.random_weights import RandomWeights
 from sglang_omni.serve.direct_context import DirectContext
 from sglang_omni.serve.responses import json_response
 
@@ -32,12 +36,27 @@ def _omni_version() -> str:
         return "unknown"
 
 
-def server_info(ctx: DirectContext) -> dict[str, Any]:
-    config = ctx.orchestrator.config
-    engine = config.stage("generation").engine or {}
-    return {"model_path": config.model_path, "served_model_name": ctx.served_name,
+def server_info(config: ResolvedConfig, mode: str, served_name: str,
+                random: RandomWeights | None) -> dict[str, Any]:
+    """The body of ``GET /server_info``; tp and dp are the generation stage's (the Reasoner's
+    on the text-only server)."""
+    stage = "generation" if "generation" in config.stages else "reasoner"
+    engine = (config.stages[stage].engine if stage in config.stages else None) or {}
+    return {"model_path": config.model_path, "served_model_name": served_name,
             "tp_size": int(engine.get("tp_size") or 1), "dp_size": int(engine.get("dp_size") or 1),
-            "version": NATIVE_VERSION, "omni_version": _omni_version()}
+            "version": NATIVE_VERSION, "omni_version": _omni_version(),
+            "pipeline": config.config_cls, "mode": mode,
+            "random_weights": random is not None,
+            "notice": random.notice if random is not None else None}
+
+
+def add_server_info_route(router: APIRouter, config: ResolvedConfig, mode: str,
+                          served_name: str, random: RandomWeights | None) -> None:
+    @router.get("/server_info")
+    async def server_info_route() -> Response:
+        """The served model and parallelism, as native's diffusion server reports them, and
+        whether the checkpoint's weights are random (`random_weights`, with a `notice`)."""
+        return json_response(server_info(config, mode, served_name, random))
 
 
 def model_info(ctx: DirectContext) -> dict[str, Any]:
@@ -48,11 +67,6 @@ def model_info(ctx: DirectContext) -> dict[str, Any]:
 
 
 def add_info_routes(router: APIRouter, ctx: DirectContext) -> None:
-    @router.get("/server_info")
-    async def server_info_route() -> Response:
-        """The served model and parallelism, as native's diffusion server reports them."""
-        return json_response(server_info(ctx))
-
     @router.get("/model_info")
     async def model_info_route() -> Response:
         """The model's capabilities, as native's diffusion server reports them."""

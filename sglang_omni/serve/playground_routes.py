@@ -1,7 +1,8 @@
 """The playground: a small page at ``/`` and ``/playground`` that talks to this server's public
-API only (``GET /v1/models``, ``/health``, ``/v1/queue``; ``POST /v1/chat/completions``
-streaming, the image, video and action routes). Its HTML, script and style are package data
-(``sglang_omni/serve/playground/``), served by the server itself: no CDN, no build step.
+API only (``GET /v1/models``, ``/server_info``, ``/health``, ``/v1/queue``; ``POST
+/v1/chat/completions`` streaming, the image, video and action routes). Its HTML, script and
+style are package data (``sglang_omni/serve/playground/``), served by the server itself: no CDN,
+no build step.
 
 The page and its assets are open without the API key (:mod:`.auth`); the page asks for the key
 when the server answers 401 and keeps it in the browser tab's ``sessionStorage`` only.

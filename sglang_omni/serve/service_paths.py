@@ -11,7 +11,8 @@
   ``/playground`` and its assets), which a browser loads without a bearer header and which hold
   no secret.
 - **Service** (:func:`is_service`): not a model request, so not counted in a replica's
-  ``in_flight`` (the fleet's routers read it): the polls, the open paths and ``/v1/models``.
+  ``in_flight`` (the fleet's routers read it): the polls, the open paths, ``/v1/models`` and
+  ``/server_info``.
 """
 
 from __future__ import annotations
@@ -39,4 +40,4 @@ def is_open(path: str) -> bool:
 
 def is_service(path: str) -> bool:
     """Whether a request to ``path`` is not a model request."""
-    return is_poll(path) or is_open(path) or path == "/v1/models"
+    return is_poll(path) or is_open(path) or path in ("/v1/models", "/server_info")

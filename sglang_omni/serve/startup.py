@@ -30,14 +30,22 @@ STARTUP_FAILED = 3
 #: The exit code of a stage whose native processes stopped the server.
 STOPPED = 1
 #: A curl to try, per pipeline mode; ``{url}`` is the server's, ``{auth}`` the bearer header.
+#: Each is silent (``-s``) and bounded: long lines (base64 media) are cut.
 TRY = {
-    "umm": """curl -N {url}/generate -H 'Content-Type: application/json'{auth} -d '{{"prompt": \
-"Draw a red cube, then describe it.", "stream": true, "include_progress": true}}'""",
-    "chat": """curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d \
-'{{"messages": [{{"role": "user", "content": "Hello!"}}]}}'""",
-    "generation": """curl {url}/v1/images/generations -H 'Content-Type: application/json'{auth} \
--d '{{"prompt": "a red cube", "size": "256x256"}}' | head -c 300""",
+    "umm": """curl -sN {url}/generate -H 'Content-Type: application/json'{auth} -d '{{"prompt": \
+"Draw a red cube, then describe it.", "stream": true, "include_progress": true}}' | cut -c1-150""",
+    "chat": """curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d \
+'{{"messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'""",
+    "generation": """curl -s {url}/v1/images/generations -H 'Content-Type: application/json'\
+{auth} -d '{{"prompt": "a red cube", "size": "256x256"}}' | cut -c1-300""",
 }
+#: The interleaved pipeline with the scripted Reasoner answers a script
+#: (docs/scripted-engines.md): this one makes an image, then answers.
+TRY_SCRIPTED_UMM = """curl -sN {url}/generate -H 'Content-Type: application/json'{auth} -d \
+'{{"prompt": "<omni-script>[{{\\"action\\": \\"image\\", \\"prompt\\": \\"a red cube\\"}}, \
+{{\\"action\\": \\"final\\", \\"text\\": \\"I see {{media}}\\"}}]</omni-script> Draw a red cube.", \
+"stream": true, "stage_params": {{"generation": {{"width": 256, "height": 256}}}}}}' \
+| cut -c1-150"""
 
 
 class PortInUse(OSError):
@@ -73,11 +81,20 @@ def display_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-def ready_line(mode: str, url: str, keyed: bool, seconds: float) -> str:
-    """The one line printed when every stage is ready."""
+def ready_line(mode: str, url: str, keyed: bool, seconds: float, *, scripted: bool = False,
+               notice: str | None = None) -> str:
+    """The one line printed when every stage is ready: ``scripted`` (the interleaved pipeline's
+    Reasoner is scripted) shows a scripted request; ``notice`` (random weights) is said first."""
     auth = " -H \"Authorization: Bearer $SGLANG_OMNI_API_KEY\"" if keyed else ""
-    curl = TRY.get(mode, TRY["umm"]).format(url=url, auth=auth)
-    return f"sgl-omni: ready in {seconds:.1f} s: open {url}/ (the playground), or try: {curl}"
+    template = TRY_SCRIPTED_UMM if scripted and mode == "umm" else TRY.get(mode, TRY["umm"])
+    curl = template.format(url=url, auth=auth)
+    said = f" ({notice})" if notice else ""
+    return f"sgl-omni: ready in {seconds:.1f} s{said}: open {url}/ (the playground), or try: {curl}"
+
+
+def _scripted_reasoner(config: ResolvedConfig) -> bool:
+    reasoner = config.stages.get("reasoner")
+    return reasoner is not None and reasoner.factory.get("backend") == "scripted"
 
 
 def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: int,
@@ -107,8 +124,10 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
             await asyncio.sleep(0.01)
         if server.should_exit:
             return
+        random = app.state.random_weights
         line = ready_line(app.state.orchestrator.mode, url, config.server.api_key is not None,
-                          time.monotonic() - started)
+                          time.monotonic() - started, scripted=_scripted_reasoner(config),
+                          notice=random.notice if random is not None else None)
         if log_format == "json":  # a log collector reads JSON lines only
             log.info(line.removeprefix("sgl-omni: "),
                      extra={"omni_fields": {"event": "ready", "playground": f"{url}/"}})

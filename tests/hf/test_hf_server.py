@@ -71,3 +71,17 @@ def test_image_and_video_return_to_the_reasoner(server: Server) -> None:
     else:
         pytest.fail(f"no seed made both an image and a video: {tried}")
     assert kinds[-1] == "text" or kinds.count("text") == 0
+
+
+def test_the_demo_says_its_weights_are_random(server: Server, tiny_checkpoint: Path) -> None:
+    """The tiny checkpoint carries the builder's note; the server reads it and says so in its
+    ready line and in /server_info (the playground shows /server_info's notice)."""
+    from sglang_omni.models import random_weights
+
+    assert (tiny_checkpoint / random_weights.MARKER).is_file()
+    info = httpx.get(f"{server.url}/server_info").json()
+    assert info["random_weights"] is True and info["mode"] == "umm"
+    assert info["notice"].startswith("random weights: images are noise")
+    assert "sgl-omni make-checkpoint --shape tiny --seed 0" in info["notice"]
+    ready = [line for line in server.log().splitlines() if "sgl-omni: ready in" in line]
+    assert len(ready) == 1 and f"({info['notice']}): open {server.url}/" in ready[0]

@@ -77,3 +77,11 @@ def test_unknown_shapes_are_refused(tmp_path: Path) -> None:
                            "huge", str(tmp_path / "y")], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_it_says_its_weights_are_random(micro: Path) -> None:
+    from sglang_omni.models import random_weights
+
+    note = random_weights.read(micro)
+    assert note is not None
+    assert "(checkpoint built by sgl-omni make-checkpoint --shape micro --seed 0)" in note.notice

@@ -70,6 +70,11 @@ def test_health_says_starting_while_the_stages_load_then_one_ready_line() -> Non
         assert curl and f"{server.url}/generate" in curl[1]
         out = subprocess.run(curl[1], shell=True, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "event: complete" in out.stdout and "[DONE]" in out.stdout
+        # the scripted server's curl is a scripted request: an image, then the answer; silent
+        # (no progress meter) and every line cut short (no screen of base64)
+        assert '"kind": "image"' in out.stdout and "no script entry" not in out.stdout
+        assert out.stderr == "" and max(map(len, out.stdout.splitlines())) <= 150
+        assert "random weights" not in line  # the scripted engines load no checkpoint
     finally:
         server.stop()
 

@@ -92,7 +92,8 @@ def build_checkpoint(path: str | Path, shape: str = "nano", seed: int = tiny.DEF
     if shape not in SHAPES:
         raise ValueError(f"shape: expected one of {', '.join(SHAPE_NAMES)}, got {shape!r}")
     return tiny.build_into(path, lambda work: _build(work, SHAPES[shape], seed, device,
-                                                     log or (lambda _: None)))
+                                                     log or (lambda _: None)),
+                           built_by=f"sgl-omni make-checkpoint --shape {shape} --seed {seed}")
 
 
 def _build(root: Path, shape: Shape, seed: int, device: str | None,

@@ -3,7 +3,8 @@
 It runs the real model code (transformers' ``Cosmos3OmniForConditionalGeneration`` for the
 Reasoner, diffusers' ``Cosmos3OmniPipeline`` for generation) on a CPU in a fraction of a second
 per call, so the ``hf`` backend, the demo and the tests run without downloading weights. The
-weights are random: the Reasoner writes gibberish and the generator paints noise.
+weights are random: the Reasoner writes gibberish and the generator paints noise. Every build
+says so in :data:`~sglang_omni.models.random_weights.MARKER` at its root, which a server reads.
 
 Layout (as the real checkpoint)::
 
@@ -11,6 +12,7 @@ Layout (as the real checkpoint)::
     tokenizer.json  tokenizer_config.json  chat_template.jinja  processor_config.json
     model_index.json                                                    (diffusers, root)
     transformer/  vae/  scheduler/  text_tokenizer/  sound_tokenizer/  vision_encoder/
+    sglang_omni_random_weights.json          (the random-weight note, read by the server)
 
 The Reasoner's language model is stored once, in ``transformer/`` beside the generation expert;
 the root index points transformers at it and at ``vision_encoder/``. Building is deterministic:
@@ -30,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.errors import ConfigError
+from sglang_omni.models import random_weights
 
-FORMAT_VERSION = 1
+# 2: the random-weight note (a demo checkpoint cached before it is built again, with the note).
+FORMAT_VERSION = 2
 DEFAULT_SEED = 0
 LLM_FILE = "transformer/diffusion_pytorch_model.safetensors"
 VIT_FILE = "vision_encoder/model.safetensors"
@@ -100,9 +104,12 @@ VIDEO_PIXELS = {"shortest_edge": 32 * 32, "longest_edge": 4 * 128 * 128}
 
 
 # `sgl-omni serve --demo`: the interleaved pipeline on the CPU with the hf backend. Decisions get
-# a small token budget (random weights rarely close a string on their own), and generations
-# default to 4 denoising steps; a request's own options win.
+# a small token budget (random weights rarely close a string on their own), generations default
+# to 4 denoising steps, and a request makes one generation, then answers (3 dispatches: random
+# weights never choose to answer, so a request would otherwise run to the 8-generation cap, eight
+# noise images and about 12 MB); a request's own options and the command line's flags win.
 DEMO_OVERRIDES: dict[str, Any] = {
+    "orchestrator.factory.max_dispatches": 3,
     "config_cls": "Cosmos3UMMPipelineConfig",
     "generation.gpu": None,
     "generation.factory.backend": "hf",
@@ -155,11 +162,14 @@ def build_tiny_checkpoint(path: str | os.PathLike[str], seed: int = DEFAULT_SEED
     Writes into a temporary sibling folder first and renames it, so a reader never sees a half
     built checkpoint. Returns ``path``.
     """
-    return build_into(path, lambda work: _build(work, seed, sound))
+    return build_into(path, lambda work: _build(work, seed, sound),
+                      built_by=f"sgl-omni make-checkpoint --shape tiny --seed {seed}")
 
 
-def build_into(path: str | os.PathLike[str], build: Any) -> Path:
-    """Run ``build(folder)`` on a temporary sibling of ``path``, then rename it to ``path``.
+def build_into(path: str | os.PathLike[str], build: Any, built_by: str) -> Path:
+    """Run ``build(folder)`` on a temporary sibling of ``path``, note that its weights are
+    random (``built_by``: the command that builds it, see :mod:`sglang_omni.models.random_weights`),
+    then rename it to ``path``.
 
     ``path`` must not hold a checkpoint already (FileExistsError); an empty folder is replaced.
     A reader never sees a half built checkpoint; a failed build leaves nothing behind.
@@ -171,6 +181,7 @@ def build_into(path: str | os.PathLike[str], build: Any) -> Path:
     work = Path(tempfile.mkdtemp(prefix=".cosmos3-", dir=target.parent))
     try:
         build(work)
+        random_weights.record(work, built_by)
         try:
             if target.is_dir() and not any(target.iterdir()):
                 target.rmdir()  # an empty folder the caller made

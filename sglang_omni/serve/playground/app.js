@@ -1,5 +1,5 @@
 // The SGLang Omni playground. It talks to this server's public API only: GET /v1/models,
-// /health and /v1/queue; POST /v1/chat/completions (streaming, with progress) on the
+// /server_info, /health and /v1/queue; POST /v1/chat/completions (streaming, with progress) on the
 // interleaved and text-only pipelines; the image, video and action routes on direct generation.
 "use strict";
 
@@ -704,8 +704,21 @@ async function main() {
   document.body.dataset.mode = card.mode;
   $("queue-box").hidden = card.mode !== "umm";
   if (card.mode === "generation") setupDirect(); else setupChat();
+  await showWeightsNotice();
   startPolling();
   document.body.dataset.ready = "1";
+}
+
+// A checkpoint built with random weights (sgl-omni make-checkpoint, the demo) makes noise and
+// gibberish: the server says so in /server_info, and the page says it above everything.
+async function showWeightsNotice() {
+  const response = await api("/server_info");
+  if (!response.ok) return;
+  const info = await response.json();
+  const notice = $("weights-notice");
+  notice.hidden = !info.random_weights;
+  notice.textContent = info.random_weights
+    ? info.notice.charAt(0).toUpperCase() + info.notice.slice(1) + "." : "";
 }
 
 main();
