@@ -76,7 +76,7 @@ from sglang_omni.engines.synth_media import frame_pixels
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import iter_content_parts, text_of
-from sglang_omni.media.encode import encode_mp4, encode_png
+from sglang_omni.media.encode import encode_mp4, encode_png, video_encoding
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
 
@@ -275,6 +275,7 @@ class ScriptedGenerator:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.step_time_s = float(spec.factory.get("step_time_s", 0) or 0)
+        self.encoding = video_encoding(spec.factory)
 
     async def start(self) -> None:
         await _start_delay(self.spec)
@@ -336,9 +337,10 @@ class ScriptedGenerator:
             return StageResult(MediaResult(media=[], reason=reason))
         if modality == "video":
             mime = "video/mp4"
+            encoding = self.encoding.with_preset(options.get("x264_preset"))
             data = await asyncio.to_thread(
                 lambda: encode_mp4([frame_pixels(prompt, seed, width, height, i)
-                                    for i in range(frames)], fps))
+                                    for i in range(frames)], fps, encoding=encoding))
         else:
             mime = "image/png"
             data = await asyncio.to_thread(
