@@ -20,19 +20,35 @@ from typing import Any, Protocol
 from sglang_omni.engines.result import Frames, StageResult
 
 FRAME_SCHEME = "omni-frame://"
+#: A chunk ``{EARLY_RESULT: payload}`` (its frames beside it) is a job's early result: what the
+#: next dispatch may use at once, before the job's final result (see ``Job.send_early``).
+EARLY_RESULT = "early_result"
+#: The key under which the stage handle hands a chunk's frames to its callback.
+CHUNK_FRAMES = "frames"
 #: Native chat request fields Omni sets from the request itself; refused under stage_params.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 
 
 @dataclass
 class Job:
-    """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order."""
+    """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order;
+    ``emit_frames`` (None where the transport carries no frames in chunks) is ``emit`` with
+    frames beside the chunk."""
 
     rid: str
     payload: Mapping[str, Any]
     frames: Frames
     emit: Callable[[dict[str, Any]], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    emit_frames: Callable[[dict[str, Any], Frames], None] | None = None
+
+    def send_early(self, result: StageResult) -> bool:
+        """Send ``result`` now as this job's early result; the job still returns its final
+        result. False (nothing sent) where the transport takes no early result."""
+        if self.emit_frames is None:
+            return False
+        self.emit_frames({EARLY_RESULT: dict(result.payload)}, list(result.frames))
+        return True
 
     def frame_for(self, url: str) -> bytes | bytearray | None:
         """The inline bytes an ``omni-frame://N`` url names, or None for other urls."""

@@ -20,6 +20,9 @@ X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"
 DEFAULT_X264_PRESET = "medium"
 #: x264 threads where a server does not say (sized for a GPU host's cores).
 DEFAULT_X264_THREADS = 8
+#: The preset of the Reasoner's copy of a generated video (``engines.video_delivery``): made
+#: before the client's MP4, so the next Reasoner turn does not wait for the slower encode.
+READER_PRESET = "superfast"
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class VideoEncoding:
 
     preset: str = DEFAULT_X264_PRESET
     threads: int = DEFAULT_X264_THREADS
+
+    def slower_than(self, preset: str) -> bool:
+        """Whether this encoding's preset is slower than ``preset`` (x264's order)."""
+        return X264_PRESETS.index(self.preset) > X264_PRESETS.index(preset)
 
     def with_preset(self, preset: str | None) -> VideoEncoding:
         """This encoding with a request's ``x264_preset`` (None: unchanged)."""

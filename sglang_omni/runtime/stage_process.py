@@ -4,7 +4,8 @@ Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`
 ``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq, media}`` by the reader
 thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
 :mod:`sglang_omni.media.stats`). Stage -> server: ``ready {pid, stops_server_on_exit}``,
-``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload}`` + frames,
+``failed {message}``, ``chunk {rid, token, data}`` (+ frames for an early result),
+``result {rid, token, payload}`` + frames,
 ``error {rid, token, status, type, message}``, ``aborted {rid, token}``, and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
 then exits with code 3). A message is packed by the code that sends it, so a result or chunk
@@ -217,7 +218,11 @@ class _StageServer:
             def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
                 self.send({"op": "chunk", "rid": r, "token": t, "data": data})
 
-            job = Job(rid, header["payload"], frames, emit=emit)
+            def emit_frames(data: dict[str, Any], out: Frames, r: str = rid,
+                            t: int = token) -> None:
+                self.send({"op": "chunk", "rid": r, "token": t, "data": data}, out)
+
+            job = Job(rid, header["payload"], frames, emit=emit, emit_frames=emit_frames)
             task = asyncio.get_running_loop().create_task(self.engine.run(job))
             started = time.perf_counter()
 
