@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from sglang_omni.config.schema import PROCESS_FACTORY, FactoryField, StageSpec
-from sglang_omni.media.encode import DEFAULT_X264_PRESET, DEFAULT_X264_THREADS, X264_PRESETS
 
 MiB = 1024 * 1024
 
@@ -31,13 +30,6 @@ GENERATION_FACTORY: dict[str, FactoryField] = {
         "fail and it is killed and restarted (0: never). Keep it above the longest generation "
         "when the stage reports no steps (native generation without the cancellation plugin)",
         minimum=0),
-    "x264_threads": FactoryField(
-        (int,), DEFAULT_X264_THREADS, "hf and scripted backends: x264 threads per MP4 encode, "
-        "fixed so that the same setting gives the same bytes on every machine (size it to the "
-        "host's cores: 8 for a GPU host)", minimum=1),
-    "x264_preset": FactoryField(
-        (str,), DEFAULT_X264_PRESET, "hf and scripted backends: x264's preset for MP4s where a "
-        "request names no x264_preset (faster presets: larger files)", choices=X264_PRESETS),
     "audio": FactoryField(
         (bool,), False, "native backend: serve audiovisual generation (checked at startup: full "
         "checkpoint and FFmpeg with AAC)"),
@@ -56,8 +48,11 @@ def orchestrator_stage() -> StageSpec:
                      factory_fields=ORCHESTRATOR_FACTORY)
 
 
-def generation_stage(default_gpu: int) -> StageSpec:
-    return StageSpec("generation", "generation", default_gpu, factory_fields=GENERATION_FACTORY)
+def generation_stage(default_gpu: int,
+                     more: dict[str, FactoryField] | None = None) -> StageSpec:
+    """The generation stage; ``more``: factory options a pipeline adds (its engines read them)."""
+    return StageSpec("generation", "generation", default_gpu,
+                     factory_fields={**GENERATION_FACTORY, **(more or {})})
 
 
 def reasoner_stage(default_gpu: int) -> StageSpec:

@@ -57,6 +57,7 @@ from sglang_omni.engines.actions import (
     plan_action,
 )
 from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -79,7 +80,7 @@ from sglang_omni.engines.video_delivery import send_reader_copy
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import iter_content_parts, text_of
-from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png, video_encoding
+from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
 

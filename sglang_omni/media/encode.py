@@ -43,13 +43,6 @@ class VideoEncoding:
                                                          self.threads)
 
 
-def video_encoding(factory: dict[str, Any]) -> VideoEncoding:
-    """The encoding a generation stage's ``factory`` names (``x264_preset``, ``x264_threads``;
-    the defaults where unset)."""
-    return VideoEncoding(str(factory.get("x264_preset") or DEFAULT_X264_PRESET),
-                         int(factory.get("x264_threads") or DEFAULT_X264_THREADS))
-
-
 def check_x264_preset(value: Any, where: str = "x264_preset") -> str:
     """``value`` if it names an x264 preset; BadRequest naming ``where`` otherwise."""
     if not isinstance(value, str) or value not in X264_PRESETS:

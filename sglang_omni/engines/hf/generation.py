@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -54,7 +55,7 @@ from sglang_omni.engines.result import StageResult
 from sglang_omni.engines.video_delivery import send_reader_copy
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
-from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png, video_encoding
+from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}, "denoiser": "auto"}
