@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
 from sglang_omni.engines.result import Frames, StageResult
-from sglang_omni.errors import BadRequest, ConfigError, RequestTimeout, ServerError
+from sglang_omni.errors import BadRequest, ConfigError, OmniError, RequestTimeout, ServerError
 from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.pipeline.json_size import json_size
 
@@ -313,8 +313,6 @@ class UMMRun:
         call: asyncio.Future[StageResult] | None = None
         try:
             while True:
-                while making:  # an earlier step's outputs go first
-                    yield await self._segment(await self._within(making.pop(0)))
                 for output in step.outputs:
                     if output.later is not None:
                         making.append(asyncio.ensure_future(output.later))
@@ -337,6 +335,7 @@ class UMMRun:
                                                     return_when=asyncio.FIRST_COMPLETED))
                     if making[0].done():
                         yield await self._segment(making.pop(0).result())
+                failure: OmniError | None = None
                 try:
                     result = await self._within(call)
                 except DispatchReceipt as receipt:
@@ -345,7 +344,13 @@ class UMMRun:
                     # that keeps asking still ends within max_dispatches).
                     state.uncount_generation(dispatch)
                     result = StageResult({}, [], stage=dispatch.stage, receipt=receipt.message)
+                except OmniError as exc:
+                    failure = exc
                 call = None
+                while making:  # what was made beside the dispatch goes out before its outcome
+                    yield await self._segment(await self._within(making.pop(0)))
+                if failure is not None:
+                    raise failure
                 state.hold(json_size(result.payload))
                 if result.later is not None:  # an early result: its frames are held too
                     state.hold(sum(len(frame) for frame in result.frames))

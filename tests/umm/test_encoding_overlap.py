@@ -18,6 +18,7 @@ from tests.umm.kit import (
     counts,
     final,
     media_bytes,
+    only,
     parse_sse,
     script,
     segments_of,
@@ -91,3 +92,15 @@ def test_a_client_gone_during_the_encode_aborts_it(server: Server) -> None:
              - before["generation", "aborted"] == 1)
     after = counts(server)
     assert after["generation", "completed"] - before["generation", "completed"] == 0
+
+
+def test_a_turn_that_fails_during_the_encode_still_gets_the_video_first(server: Server) -> None:
+    refusal = {"error": {"status": 400, "message": "the Reasoner refused this turn"}}
+    body = {"prompt": script(video("!encode-delay=1 refused next"), refusal),
+            "include_progress": True, "stage_params": {"generation": SMALL}}
+    status, events = stream_generate(server, body)
+    assert status == 200, events
+    assert [e for e, _ in events if e != "progress"] == ["segment", "error", "message"]
+    (segment,) = segments_of(events)
+    assert segment["kind"] == "video" and segment["segment_index"] == 0
+    assert "the Reasoner refused this turn" in only(events, "error")["message"]
