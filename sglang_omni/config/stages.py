@@ -42,8 +42,11 @@ def orchestrator_stage() -> StageSpec:
                      factory_fields=ORCHESTRATOR_FACTORY)
 
 
-def generation_stage(default_gpu: int) -> StageSpec:
-    return StageSpec("generation", "generation", default_gpu, factory_fields=GENERATION_FACTORY)
+def generation_stage(default_gpu: int,
+                     more: dict[str, FactoryField] | None = None) -> StageSpec:
+    """The generation stage; ``more``: factory options a pipeline adds (its engines read them)."""
+    return StageSpec("generation", "generation", default_gpu,
+                     factory_fields={**GENERATION_FACTORY, **(more or {})})
 
 
 def reasoner_stage(default_gpu: int) -> StageSpec:

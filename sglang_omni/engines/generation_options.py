@@ -9,6 +9,7 @@ from typing import Any
 
 from sglang_omni.engines.actions import MODEL_ACTION_DIM
 from sglang_omni.errors import BadRequest
+from sglang_omni.media.encode import check_x264_preset
 from sglang_omni.media.refs import GENERATION_MEDIA_KEYS
 
 INT, NUM, STR, BOOL, LIST = (int,), (int, float), (str,), (bool,), (list,)
@@ -18,7 +19,7 @@ OPTIONS: dict[str, tuple[type, ...]] = {
     "image_path": STR, "video_path": STR, "flow_shift": NUM, "max_sequence_length": INT,
     "generate_sound": BOOL, "sound_duration": NUM, "use_guardrails": BOOL,
     "action_mode": STR, "action": LIST, "domain_name": STR, "domain_id": INT,
-    "raw_action_dim": INT, "action_horizon": INT,
+    "raw_action_dim": INT, "action_horizon": INT, "x264_preset": STR,
 }
 POSITIVE = ("width", "height", "num_frames", "fps", "num_inference_steps")
 MEDIA_OPTIONS = GENERATION_MEDIA_KEYS  # the options that name media (read under the policy)
@@ -52,6 +53,8 @@ def check_option_value(where: str, key: str, value: Any) -> None:
         raise BadRequest(f"{where}: expected {names}, got {value!r}")
     if key in POSITIVE and isinstance(value, int) and value <= 0:
         raise BadRequest(f"{where}: expected a positive integer, got {value!r}")
+    if key == "x264_preset":
+        check_x264_preset(value, where)
     if key == "raw_action_dim" and isinstance(value, int) and not 0 < value <= MODEL_ACTION_DIM:
         raise BadRequest(f"{where}: expected 1 to {MODEL_ACTION_DIM} (the model's action "
                          f"width), got {value!r}"[:300])

@@ -35,7 +35,9 @@ directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``
 hung GPU does), ``!error`` (the engine raises an unexpected exception: an engine bug),
 and ``!size=N`` (media padded with trailing zeros to N bytes, for
 benchmarks); anywhere in the prompt, ``!abort-delay=S`` makes an aborted generation take S more
-seconds to end (as a native engine finishes its current step). Direct generation's actions
+seconds to end (as a native engine finishes its current step), and ``!encode-delay=S`` makes a
+video's MP4 for the client take S more seconds (after the Reasoner's copy, when the payload asks
+for one: ``engines.video_delivery``). Direct generation's actions
 (``modality`` ``action``, the native action route's body in ``request``) are checked as the
 native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
 (16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
@@ -62,6 +64,7 @@ from sglang_omni.engines.actions import (
     plan_action,
 )
 from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -80,10 +83,11 @@ from sglang_omni.engines.payloads import (
 )
 from sglang_omni.engines.result import StageResult
 from sglang_omni.engines.synth_media import frame_pixels
+from sglang_omni.engines.video_delivery import send_reader_copy
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import iter_content_parts, text_of
-from sglang_omni.media.encode import encode_mp4, encode_png
+from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
 
@@ -285,6 +289,7 @@ def _pieces(text: str, size: int = 16) -> list[str]:
 DIRECTIVE_RE = re.compile(
     r"^\s*!(no-media|crash|oversize|extra|malformed|hang|error|sleep=([0-9.]+)|size=([0-9]+))")
 ABORT_DELAY_RE = re.compile(r"!abort-delay=([0-9.]+)")
+ENCODE_DELAY_RE = re.compile(r"!encode-delay=([0-9.]+)")
 
 
 def _int_option(options: dict[str, Any], key: str, default: int) -> int:
@@ -303,6 +308,7 @@ class ScriptedGenerator:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.step_time_s = float(spec.factory.get("step_time_s", 0) or 0)
+        self.encoding = video_encoding(spec.factory)
 
     async def start(self) -> None:
         await _start_delay(self.spec)
@@ -367,14 +373,26 @@ class ScriptedGenerator:
                      "SGLang does on a guardrail block)"
             log.warning("request %s: generation produced no media: %s", job.rid, reason)
             return StageResult(MediaResult(media=[], reason=reason))
-        with job.timed("encode"):  # the frames are made and encoded together
-            if modality == "video":
-                mime = "video/mp4"
-                data = await asyncio.to_thread(
-                    lambda: encode_mp4([frame_pixels(prompt, seed, width, height, i)
-                                        for i in range(frames)], fps))
-            else:
-                mime = "image/png"
+        if modality == "video":
+            mime = "video/mp4"
+            encoding = self.encoding.with_preset(options.get("x264_preset"))
+            pixels = await asyncio.to_thread(
+                lambda: [frame_pixels(prompt, seed, width, height, i) for i in range(frames)])
+
+            def encode(how: VideoEncoding) -> bytes:
+                return encode_mp4(pixels, fps, encoding=how)
+
+            await send_reader_copy(job, encode, encoding)
+            encode_delay = ENCODE_DELAY_RE.search(prompt)
+            if encode_delay:  # a slow x264, after the Reasoner's copy was sent
+                log.info("request %s: !encode-delay: the MP4 takes %s s more", job.rid,
+                         encode_delay.group(1))
+                await asyncio.sleep(float(encode_delay.group(1)))
+            with job.timed("encode"):
+                data = await asyncio.to_thread(encode, encoding)
+        else:
+            mime = "image/png"
+            with job.timed("encode"):  # the pixels are made and encoded together
                 data = await asyncio.to_thread(
                     lambda: encode_png(frame_pixels(prompt, seed, width, height, 0)))
         if name == "malformed":

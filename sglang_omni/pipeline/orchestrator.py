@@ -34,6 +34,7 @@ from sglang_omni.media import MediaPolicy
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest
+from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.racing import work_unless
@@ -98,6 +99,9 @@ class Orchestrator:
         self.progress: dict[str, RunProgress] = {}
         #: Admitted interleaved runs by request id (their bytes retained, for metrics).
         self.runs: dict[str, UMMRun] = {}
+        #: The jobs still finishing after their early result (a client's MP4 being encoded),
+        #: by request id; cancelled when the request ends.
+        self.later: dict[str, set[asyncio.Task[StageResult]]] = {}
         #: Told about turn and generation times and admission refusals (the server's metrics).
         self.observer: PipelineObserver = NoObserver()
         #: True from construction until every stage answered ready once (``/health`` then says
@@ -128,6 +132,7 @@ class Orchestrator:
                 self.pipeline.max_generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
                     self.limits.max_dispatches),
+                largest_output_for=self.pipeline.largest_output_bytes,
                 planned=self.scheduler.allowance)
 
     async def start(self) -> None:
@@ -262,7 +267,8 @@ class Orchestrator:
                     on_progress(chunk)
 
                 started = time.monotonic()
-                result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
+                result = await call_until_early(handle, rid, payload, frames, on_chunk,
+                                                self.later.setdefault(rid, set()))
                 observer.generation(modality, time.monotonic() - started)
                 return timed(result, started)
 
@@ -365,6 +371,8 @@ class Orchestrator:
         self._doom.pop(rid, None)
         self.progress.pop(rid, None)
         self.runs.pop(rid, None)
+        for job in self.later.pop(rid, set()):
+            job.cancel()  # its stage call aborts the job
         if self.controller is not None:
             self.scheduler.release(rid)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.gpus import device_env
-from sglang_omni.engines.base import EngineSpec, clean_spans
+from sglang_omni.engines.base import CHUNK_FRAMES, EngineSpec, clean_spans
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, channel_pair, pack_header
@@ -432,7 +432,8 @@ class StageHandle:
             return
         if op == "chunk":
             if pending.on_chunk is not None:
-                pending.on_chunk(header.get("data") or {})
+                data = header.get("data") or {}
+                pending.on_chunk({**data, CHUNK_FRAMES: frames} if frames else data)
         elif op == "result":
             self.counters.completed += 1
             pending.future.set_result(StageResult(

@@ -4,10 +4,10 @@ Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`
 ``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq, media}`` by the reader
 thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
 :mod:`sglang_omni.media.stats`). Stage -> server: ``ready {pid, stops_server_on_exit}``,
-``failed {message}``, ``chunk {rid, token, data}``, ``result {rid, token, payload, engine_s,
-spans}`` + frames, ``error {rid, token, status, type, message}``, ``aborted {rid, token}``,
-``progress {rid, token}`` (the engine's ``job.progress()``, at most one per job every
-:data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
+``failed {message}``, ``chunk {rid, token, data}`` (+ frames for an early result),
+``result {rid, token, payload, engine_s, spans}`` + frames, ``error {rid, token, status, type,
+message}``, ``aborted {rid, token}``, ``progress {rid, token}`` (the engine's ``job.progress()``,
+at most one per job every :data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
 then exits with code 3). A message is packed by the code that sends it, so a result or chunk
 the wire cannot carry fails that request (``error``) instead of vanishing.
@@ -233,7 +233,11 @@ class _StageServer:
             def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
                 self.send({"op": "chunk", "rid": r, "token": t, "data": data})
 
-            job = Job(rid, header["payload"], frames, emit=emit,
+            def emit_frames(data: dict[str, Any], out: Frames, r: str = rid,
+                            t: int = token) -> None:
+                self.send({"op": "chunk", "rid": r, "token": t, "data": data}, out)
+
+            job = Job(rid, header["payload"], frames, emit=emit, emit_frames=emit_frames,
                       progress=self._progress_reporter(rid, token))
             task = asyncio.get_running_loop().create_task(self.engine.run(job))
             started = time.perf_counter()

@@ -12,7 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sglang_omni.engines.synth_media import decode_mp4_frames, encode_png, frame_pixels
+from sglang_omni.engines.synth_media import (
+    decode_mp4_frames,
+    encode_mp4,
+    encode_png,
+    frame_pixels,
+)
+from sglang_omni.media.encode import VideoEncoding
 from tests.generation.kit import (
     HTTP,
     error_of,
@@ -144,6 +150,8 @@ def test_video_defaults_follow_the_native_route(server: Server) -> None:
     ({"video_url": "ftp://example.com/a.mp4"}, "video_url"),
     ({"output_file_name": "x"}, "output folders"),
     ({"seconds": 0}, "seconds"),
+    ({"x264_preset": "turbo"}, "x264_preset: expected one of x264's presets"),
+    ({"extra_body": {"x264_preset": 3}}, "x264_preset"),
 ])
 def test_video_route_refuses_before_model_work(server: Server, body: dict, says: str) -> None:
     submitted = metric(server, "submitted")
@@ -151,6 +159,23 @@ def test_video_route_refuses_before_model_work(server: Server, body: dict, says:
     assert resp.status_code == 400, resp.text
     assert says in error_of(resp)["message"]
     assert metric(server, "submitted") == submitted
+
+
+def test_video_route_serves_x264_preset_with_the_server_thread_count(server: Server) -> None:
+    """The MP4 is x264 at the request's preset (else the server's) on the configured threads:
+    the bytes are exactly what that encoding gives."""
+    frames = [frame_pixels("preset", 0, 128, 96, i) for i in range(5)]
+    got = {}
+    for preset in (None, "ultrafast"):
+        body = {"prompt": "preset", "width": 128, "height": 96, "num_frames": 5, "fps": 5}
+        job = HTTP.post(f"{server.url}/v1/videos",
+                        json={**body, **({"x264_preset": preset} if preset else {})}).json()
+        assert wait_video(server, job["id"])["status"] == "completed", job
+        got[preset] = HTTP.get(f"{server.url}/v1/videos/{job['id']}/content").content
+        HTTP.delete(f"{server.url}/v1/videos/{job['id']}")
+    assert got[None] == encode_mp4(frames, 5, encoding=VideoEncoding("medium", 8))
+    assert got["ultrafast"] == encode_mp4(frames, 5, encoding=VideoEncoding("ultrafast", 8))
+    assert got[None] != got["ultrafast"]
 
 
 def test_video_reads_allowed_local_media(server: Server, media_root: Path) -> None:

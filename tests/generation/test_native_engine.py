@@ -110,6 +110,19 @@ def test_video_media_and_action_horizon(server: Server, dirs: tuple[Path, Path])
     assert list(out.iterdir()) == []
 
 
+def test_x264_preset_reaches_native_only_when_asked(server: Server,
+                                                    dirs: tuple[Path, Path]) -> None:
+    """Native writes its own MP4: the request's x264_preset goes to it; the server's default
+    preset (an hf/scripted setting) does not."""
+    log_dir, _ = dirs
+    for extra in ({"x264_preset": "veryfast"}, {}):
+        job = HTTP.post(f"{server.url}/v1/videos", json={
+            "prompt": "a preset", "width": 32, "height": 32, "num_frames": 2, **extra}).json()
+        assert wait_video(server, job["id"])["status"] == "completed", job
+        assert requests_seen(log_dir)[-1].get("x264_preset") == extra.get("x264_preset")
+        HTTP.delete(f"{server.url}/v1/videos/{job['id']}")
+
+
 def test_sound_needs_audio_turned_on(server: Server) -> None:
     job = HTTP.post(f"{server.url}/v1/videos", json={
         "prompt": "rain", "num_frames": 5, "generate_sound": True}).json()

@@ -85,6 +85,31 @@ def test_image_and_video_with_sound_come_from_the_real_pipeline(engines: Any) ->
     assert len(frames) == 9 and (frames[0].width, frames[0].height) == (96, 64)
 
 
+def test_a_video_asked_early_sends_the_reasoner_copy_before_the_client_mp4(
+        engines: Any) -> None:
+    """``early_video``: a superfast copy of the same frames (and sound) is the job's early
+    result; the client's MP4 is the same bytes as without it."""
+    import av
+
+    loop, _, generator = engines
+    payload = {"modality": "video", "prompt": "a red cube", "options": {
+        **SMALL, "num_frames": 5, "fps": 8, "seed": 4, "generate_sound": True}}
+    plain, _ = run_job(loop, generator, payload)
+    sent: list[tuple[dict, list]] = []
+    job = Job("r2", {**payload, "early_video": True}, [], emit=lambda _: None,
+              emit_frames=lambda data, frames: sent.append((data, frames)))
+    final = loop.run(generator.run(job))
+    assert final.frames == plain.frames
+    ((early, (copy,)),) = sent
+    assert early == {"early_result": {"media": [{"kind": "video", "mime_type": "video/mp4",
+                                                 "frame": 0}], "reason": None}}
+    assert copy != final.frames[0]
+    with av.open(io.BytesIO(copy)) as container:
+        kinds = sorted(s.type for s in container.streams)
+        frames = list(container.decode(video=0))
+    assert kinds == ["audio", "video"] and len(frames) == 5
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"width": 100}, "width: the hf backend needs a multiple of 16"),
     ({"output_path": "x"}, "output_path: not accepted"),

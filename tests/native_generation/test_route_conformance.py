@@ -174,7 +174,7 @@ NOT_SERVED = {
     "profile": "native profiling writes server-side traces",
     "profile_all_stages": "native profiling writes server-side traces",
     "num_profiled_timesteps": "native profiling writes server-side traces",
-    "x264_preset": "Omni encodes the MP4 itself (media/encode.py)",
+    "x264_preset": "an image route encodes no video (the video route serves it)",
     "enhance_prompt": "Omni runs no prompt enhancer",
     "task_type": "the Cosmos3 task follows the request's media",
     "background": "Cosmos3 writes opaque PNG",

@@ -152,7 +152,8 @@ def test_client_chat_media_come_before_generated_media(server: Server) -> None:
     part = {"type": "image_url", "image_url": {"url": png_data_url(CLIENT_PNG)}}
     resp = post_chat(server, {
         "messages": user(script(image("{media}"), video("v"), final("{media}")), part),
-        "stage_params": {"generation": SMALL}})
+        # at the Reasoner's own preset, it reads the client's MP4 (docs/interleaved.md)
+        "stage_params": {"generation": {**SMALL, "x264_preset": "superfast"}}})
     assert resp.status_code == 200, resp.text
     message = resp.json()["choices"][0]["message"]
     made_image, made_video, _ = message["segments"]

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from sglang_omni.engines.synth_media import decode_mp4_frames
+from sglang_omni.engines.synth_media import decode_mp4_frames, encode_mp4, frame_pixels
+from sglang_omni.media.encode import READER_PRESET, VideoEncoding
 from tests.server import Server
 from tests.umm.kit import (
     HTTP,
@@ -106,10 +107,37 @@ def test_num_frames_sets_the_video_length(server: Server) -> None:
 
 # --- 2. media fed back ---------------------------------------------------------------------------
 def test_final_turn_sees_the_generated_image_then_video(two_generations: dict) -> None:
+    """The image as the client gets it; the video as the Reasoner's copy: the same frames
+    encoded at x264's superfast preset before the client's MP4 (docs/interleaved.md)."""
     segments = two_generations["json"]["segments"]
     seen = json.loads(segments[2]["data"].removeprefix("compared "))
+    frames = [frame_pixels("a blue cube turning", 0, STABLE["width"], STABLE["height"], i)
+              for i in range(33)]
+    copy = encode_mp4(frames, 24, encoding=VideoEncoding(READER_PRESET, 8))
     assert seen == [{"kind": "image", "sha256": segments[0]["data"]["sha256"]},
-                    {"kind": "video", "sha256": segments[1]["data"]["sha256"]}]
+                    {"kind": "video", "sha256": sha256(copy)}]
+    client = media_bytes(segments[1])
+    assert client == encode_mp4(frames, 24, encoding=VideoEncoding("medium", 8))
+    assert len(decode_mp4_frames(copy)) == len(decode_mp4_frames(client)) == 33
+
+
+def test_a_quick_preset_feeds_the_client_mp4_itself_to_the_reasoner(server: Server) -> None:
+    body = {"prompt": script(video("a quick clip"), final("{media}")),
+            "stage_params": {"generation": {**SMALL, "x264_preset": READER_PRESET}}}
+    resp = post_generate(server, body)
+    assert resp.status_code == 200, resp.text
+    clip, answer = resp.json()["segments"]
+    assert json.loads(answer["data"]) == [{"kind": "video", "sha256": clip["data"]["sha256"]}]
+
+
+def test_an_unknown_x264_preset_is_refused_before_any_turn(server: Server) -> None:
+    body = {"prompt": script(video("clip"), final("ok")),
+            "stage_params": {"generation": {"x264_preset": "ludicrous"}}}
+    resp = post_generate(server, body)
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert message.startswith("stage_params.generation.x264_preset: expected one of x264's "
+                              "presets (ultrafast, superfast"), message
 
 
 def test_every_turn_sees_all_media_generated_so_far(server: Server) -> None:

@@ -36,7 +36,7 @@ from sglang_omni.engines.payloads import ActionResult, MediaResult
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
-from sglang_omni.media.encode import encode_mp4
+from sglang_omni.media.encode import VideoEncoding, encode_mp4
 
 TIERS = (256, 480, 704, 720)
 #: Native's action defaults (``build_cosmos3_action_sampling_params``).
@@ -189,7 +189,8 @@ async def run_action(engine: Any, job: Job) -> StageResult:
         raise BadRequest(f"action: {exc}") from None
     output = await engine.thread.call(_run, engine, job, kwargs, seed)
     if video_call:
-        return await _video_result(output, int(fields.get("fps") or 24))
+        return await _video_result(output, int(fields.get("fps") or 24),
+                                   engine.encoding.with_preset(fields.get("x264_preset")))
     values = output.action[0].float()
     width = values.shape[-1]
     if raw_dim is not None and raw_dim > width:
@@ -206,7 +207,7 @@ async def run_action(engine: Any, job: Job) -> StageResult:
         raw_action_dim=dim, steps=int(kwargs["num_inference_steps"]))))
 
 
-async def _video_result(output: Any, fps: int) -> StageResult:
+async def _video_result(output: Any, fps: int, encoding: VideoEncoding) -> StageResult:
     import anyio
     import numpy as np
 
@@ -214,6 +215,7 @@ async def _video_result(output: Any, fps: int) -> StageResult:
     if video is None or len(video) == 0:
         return StageResult(MediaResult(media=[], reason="the pipeline returned no frames"))
     frames = (np.clip(np.asarray(video), 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    data = await anyio.to_thread.run_sync(lambda: encode_mp4(list(frames), fps))
+    data = await anyio.to_thread.run_sync(lambda: encode_mp4(list(frames), fps,
+                                                                 encoding=encoding))
     return StageResult(MediaResult(media=[{"kind": "video", "mime_type": "video/mp4",
                                            "frame": 0}], reason=None), [data])

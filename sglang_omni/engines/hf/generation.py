@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -51,9 +52,10 @@ from sglang_omni.engines.hf.common import (
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
 from sglang_omni.engines.payloads import GenerationPayload, MediaResult
 from sglang_omni.engines.result import StageResult
+from sglang_omni.engines.video_delivery import send_reader_copy
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
-from sglang_omni.media.encode import encode_mp4, encode_png
+from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
 from sglang_omni.media.settings import policy_from_spec
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}, "denoiser": "auto"}
@@ -96,6 +98,7 @@ class HFGenerator(ThreadedModelEngine):
                                f"{self.options['denoiser']!r} is not one of "
                                f"{', '.join(DENOISERS)}")
         self.policy = policy_from_spec(spec.media_policy)
+        self.encoding = video_encoding(spec.factory)
         self.thread = ModelThread(f"{spec.stage}-model")
 
     def _load(self) -> None:
@@ -143,8 +146,15 @@ class HFGenerator(ThreadedModelEngine):
         if isinstance(outcome, str):
             log.warning("request %s: generation produced no media: %s", job.rid, outcome)
             return StageResult(MediaResult(media=[], reason=outcome))
-        data, mime = await _to_thread(_encode, modality, outcome, call.fps,
-                                      self._sample_rate() if outcome[1] is not None else None)
+        sample_rate = self._sample_rate() if outcome[1] is not None else None
+        encoding = self.encoding.with_preset(options.get("x264_preset"))
+        if modality == "video":
+            await send_reader_copy(
+                job, lambda how: _encode(modality, outcome, call.fps, sample_rate, how)[0],
+                encoding)
+        with job.timed("encode"):
+            data, mime = await _to_thread(_encode, modality, outcome, call.fps, sample_rate,
+                                          encoding)
         return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
                                        reason=None), [data])
 
@@ -292,13 +302,13 @@ def _video_frames(data: bytes, label: str) -> list[Any]:
     return [Image.fromarray(f) for f in decode_video(data, label).frames]
 
 
-def _encode(modality: str, outcome: tuple[Any, Any], fps: int,
-            sample_rate: int | None) -> tuple[bytes, str]:
+def _encode(modality: str, outcome: tuple[Any, Any], fps: int, sample_rate: int | None,
+            encoding: VideoEncoding) -> tuple[bytes, str]:
     import numpy as np
 
     video, sound = outcome
     frames = (np.clip(np.asarray(video), 0.0, 1.0) * 255.0).round().astype(np.uint8)
     if modality == "image":
         return encode_png(frames[0]), "image/png"
-    return encode_mp4(list(frames), fps, sound, sample_rate), "video/mp4"
+    return encode_mp4(list(frames), fps, sound, sample_rate, encoding), "video/mp4"
 

@@ -4,6 +4,7 @@ interleaved Cosmos3 requests. The controller drives it; it knows no transport.""
 from __future__ import annotations
 
 import copy
+from collections.abc import Awaitable
 from typing import Any
 
 from sglang_omni.engines.generation_options import (
@@ -64,6 +65,14 @@ def decision_sampling(request: UMMRequest) -> tuple[dict[str, Any], dict[str, An
                 raise BadRequest(f"{where}{key}: not a sampling field; put other native fields "
                                  "under stage_params.reasoner")
     return sampling, extra
+
+
+async def _client_media(kind: str, later: Awaitable[StageResult]) -> Output:
+    """The client's copy of a generated medium once its job ends, checked as every generated
+    medium is (one item, within the inline limit, the bytes it claims)."""
+    result = await later
+    data, mime = check_generated_media(kind, result.payload, result.frames)
+    return Output(kind, data=data, mime_type=mime)
 
 
 class Cosmos3UMMAdapter:
@@ -134,6 +143,8 @@ class Cosmos3UMMAdapter:
             options.pop("num_frames", None)
         payload: GenerationPayload = {"modality": made.action, "prompt": made.text,
                                       "options": options}
+        if made.action == VIDEO:  # the Reasoner's copy first; the client's MP4 beside its turn
+            payload["early_video"] = True
         return Step(dispatch=Dispatch("generation", payload, [], modality=made.action))
 
     def _receipt_for(self, made: decision.Decision, budget: Budget) -> str | None:
@@ -158,6 +169,9 @@ class Cosmos3UMMAdapter:
                                "content": prompts.NO_TIME_LEFT.format(kind=made.action)})
             return Step(dispatch=self._reasoner_turn(budget))
         data, mime = check_generated_media(made.action, result.payload, result.frames)
+        output = Output(made.action, data=data, mime_type=mime)
+        if result.later is not None:  # data is the Reasoner's copy; the client's comes later
+            output = Output(made.action, later=_client_media(made.action, result.later))
         self.generations += 1
         self.frames.append(data)
         key = "image_url" if made.action == IMAGE else "video_url"
@@ -165,8 +179,7 @@ class Cosmos3UMMAdapter:
             {"type": key, key: {"url": f"omni-frame://{len(self.frames) - 1}"}},
             {"type": "text", "text": prompts.generated(made.action, self.generations, made.text)},
         ]})
-        return Step(outputs=(Output(made.action, data=data, mime_type=mime),),
-                    dispatch=self._reasoner_turn(budget))
+        return Step(outputs=(output,), dispatch=self._reasoner_turn(budget))
 
     def _reasoner_turn(self, budget: Budget) -> Dispatch:
         generations_left = budget.offered_generations()

@@ -6,6 +6,7 @@ import math
 
 from sglang_omni.config.schema import PipelineConfig, register_pipeline
 from sglang_omni.config.stages import generation_stage, orchestrator_stage, reasoner_stage
+from sglang_omni.engines.encoding_settings import ENCODING_FACTORY
 from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 from sglang_omni.models.cosmos3.decision import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
@@ -18,7 +19,8 @@ UTF8_MAX = 4  # bytes per character at worst
 class Cosmos3UMMPipelineConfig(UMMPipelineConfig):
     """Interleaved understanding and generation: generation on GPU 0, Reasoner on GPU 1."""
 
-    stage_specs = (orchestrator_stage(), generation_stage(0), reasoner_stage(1))
+    stage_specs = (orchestrator_stage(), generation_stage(0, ENCODING_FACTORY),
+                   reasoner_stage(1))
     adapter_cls = Cosmos3UMMAdapter
     max_generations = 8
 
@@ -39,7 +41,7 @@ class Cosmos3PipelineConfig(PipelineConfig):
     """Direct generation: one generation stage on visible GPU 0."""
 
     mode = "generation"
-    stage_specs = (generation_stage(0),)
+    stage_specs = (generation_stage(0, ENCODING_FACTORY),)
 
 
 @register_pipeline

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field, create_model
 
 from sglang_omni.engines.generation_options import OPTIONS, POSITIVE, check_option_value
+from sglang_omni.media.encode import X264_PRESETS
 from sglang_omni.serve.schemas.fields import STRING, Checked, WireModel, checked, documented
 
 _JSON_TYPE = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array"}
@@ -24,7 +25,7 @@ IMAGE_OPTIONS = ("width", "height", "seed", "num_inference_steps", "guidance_sca
                  "negative_prompt", "flow_shift", "max_sequence_length", "use_guardrails")
 VIDEO_OPTIONS = (*IMAGE_OPTIONS, "num_frames", "fps", "image_path", "video_path",
                  "generate_sound", "sound_duration", "action_mode", "action", "domain_name",
-                 "domain_id", "raw_action_dim", "action_horizon")
+                 "domain_id", "raw_action_dim", "action_horizon", "x264_preset")
 EXTRA = documented({"oneOf": [{"type": "object"}, {"type": "string"}]},
                    "more generation options, as an object or its JSON text (native style)")
 
@@ -35,6 +36,8 @@ def _option(key: str) -> Checked:
     schema: dict[str, Any] = {"type": "number" if kinds == ["integer", "number"] else kinds[0]}
     if key in POSITIVE:
         schema["exclusiveMinimum"] = 0
+    if key == "x264_preset":
+        schema["enum"] = list(X264_PRESETS)
     return checked(lambda value: check_option_value(key, key, value), schema, key)
 
 
