@@ -313,13 +313,19 @@ class StageHandle:
         if not self.dead:
             self._post({"op": "abort", "rid": rid})
 
+    def end_request(self, rid: str) -> None:
+        """Tell the stage request ``rid`` ended, so it drops what it keeps for the request
+        across calls (the hf Reasoner's context); nothing to send to a stage that is gone."""
+        if self.ready and not self.dead:
+            self._post({"op": "end", "rid": rid})
+
     def ping(self) -> None:
         """Send a heartbeat; the stage's reader thread answers it (``last_seen`` moves on)."""
         if self.ready and not self.dead:
             self._post({"op": "ping", "seq": next(self._pings)})
 
     def _post(self, header: dict[str, Any]) -> None:
-        """Queue a control message (abort, ping, shutdown); a failure is logged (the stage is
+        """Queue a control message (abort, end, ping, shutdown); a failure is logged (the stage is
         gone or going, and its death is handled by the watcher)."""
         packed = pack_header(header)
         sent = self._sender.submit(self._send_packed, packed, None)

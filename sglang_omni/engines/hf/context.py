@@ -131,6 +131,11 @@ class ContextStore:
             self._bytes -= freed
             return freed
 
+    def held(self, rid: str) -> int:
+        """Bytes ``rid``'s context holds."""
+        with self._lock:
+            return sum(size for key, (_, size) in self._entries.items() if key[0] == rid)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -92,7 +92,9 @@ class HFReasoner(ThreadedModelEngine):
         """The request ended (or was aborted): release its context."""
         freed = self.contexts.release(rid)
         if freed:
-            log.debug("hf reasoner: request %s ended; released %d context bytes", rid, freed)
+            held = self.contexts.stats()
+            log.info("hf reasoner: request %s ended; released %d context bytes; contexts hold "
+                     "%d bytes of %d requests", rid, freed, held["bytes"], held["requests"])
 
     def stats(self) -> dict[str, int]:
         """The context counters (``ContextStore.stats``), sent with the stage's heartbeats."""
