@@ -48,6 +48,8 @@ ChunkCallback = Callable[[dict[str, Any]], None]
 
 #: The stage's messages that end a job, and those about a job (each a sign of progress).
 JOB_ENDS = frozenset({"result", "error", "aborted"})
+#: Engine stats (``pong.engine``) that describe the running process, not counts since it began.
+ENGINE_GAUGES = frozenset({"bytes", "budget", "requests"})
 JOB_OPS = JOB_ENDS | {"chunk"}
 
 
@@ -132,6 +134,19 @@ class StageHandle:
         #: those of its earlier processes (``media_stats()`` adds them up).
         self._media: dict[str, Any] = {}
         self._media_before: list[dict[str, Any]] = []
+        #: The engine's own counters from the stage's last heartbeat answer (the hf Reasoner's
+        #: context), and the counters of its earlier processes summed (``engine_stats()``).
+        self._engine: dict[str, int] = {}
+        self._engine_before: dict[str, int] = {}
+
+    def engine_stats(self) -> dict[str, int]:
+        """The engine's counters (its ``stats()``; empty for engines without): the gauges
+        :data:`ENGINE_GAUGES` of the running process, every other value summed over every
+        process this stage ran."""
+        out = dict(self._engine)
+        for key, value in self._engine_before.items():
+            out[key] = out.get(key, 0) + value
+        return out
 
     def media_stats(self) -> list[dict[str, Any]]:
         """The media counters of every process this stage ran (``MediaStats.snapshot``s)."""
@@ -201,6 +216,10 @@ class StageHandle:
         if self._media:
             self._media_before.append(self._media)
             self._media = {}
+        for key, value in self._engine.items():
+            if key not in ENGINE_GAUGES:
+                self._engine_before[key] = self._engine_before.get(key, 0) + value
+        self._engine = {}
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
@@ -386,6 +405,10 @@ class StageHandle:
                 media = header.get("media")
                 if isinstance(media, dict):
                     self._media = media
+                engine = header.get("engine")
+                if isinstance(engine, dict):
+                    self._engine = {str(k): int(v) for k, v in engine.items()
+                                    if isinstance(v, int | float) and not isinstance(v, bool)}
                 continue
             if header.get("op") in JOB_OPS:  # noted here: a busy server loop is no hang
                 self._last_progress = self.last_seen
