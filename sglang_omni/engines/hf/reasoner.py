@@ -318,7 +318,9 @@ class HFReasoner(ThreadedModelEngine):
         }
         if logits is not None:
             result["logprobs"] = self._logprobs(new, logits, settings["top_logprobs"])
-        self._log_turn(job, prompt_len, len(new), time.perf_counter() - started, fast)
+        # The turn's time covers what generate covered before the context existed (vision
+        # tower, prefill, decode) and now the media preparation: serve_gpu.py compares turns.
+        self._log_turn(job, prompt_len, len(new), time.perf_counter() - prepared, fast)
         self._log_context(job, reused, prompt_len, started - prepared, before)
         return StageResult(result)
 
