@@ -119,3 +119,20 @@ def test_the_reasoner_keeps_each_request_context_until_it_ends(server: Server) -
     assert grew("sgl_omni_reasoner_prompt_tokens_total", source="reused") \
         + grew("sgl_omni_reasoner_prompt_tokens_total", source="prefilled") \
         == sum(int(prompt) for _, prompt, _, _ in turns)
+
+
+def test_a_client_that_leaves_releases_the_request_context(server: Server) -> None:
+    """The client leaves once the first generated media arrived (the Reasoner holds the first
+    turn's context by then): the server ends the request and the stage releases the context."""
+    rid = "hf-context-left"
+    body = {"prompt": PROMPT, "rid": rid, "stream": True,
+            "stage_params": {"generation": SMALL}}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("event: segment"):
+                break  # the first segment is the first generated media (greedy decisions)
+    ended = re.compile(rf"request {rid} ended; released (\d+) context bytes")
+    assert wait_until(lambda: ended.search(server.log()) is not None, timeout=30), server.log()
+    assert wait_until(lambda: Scrape(server).value("sgl_omni_reasoner_context_bytes",
+                                                   stage="reasoner") == 0, timeout=30)
