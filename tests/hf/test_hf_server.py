@@ -123,7 +123,8 @@ def test_the_reasoner_keeps_each_request_context_until_it_ends(server: Server) -
 
 def test_a_client_that_leaves_releases_the_request_context(server: Server) -> None:
     """The client leaves once the first generated media arrived (the Reasoner holds the first
-    turn's context by then): the server ends the request and the stage releases the context."""
+    turn's context by then): the Reasoner's next turn is aborted (or, between dispatches, the
+    request ends), and either way the stage releases the request's context."""
     rid = "hf-context-left"
     body = {"prompt": PROMPT, "rid": rid, "stream": True,
             "stage_params": {"generation": SMALL}}
