@@ -299,8 +299,8 @@ class HFReasoner(ThreadedModelEngine):
         with torch.inference_mode():
             if decoder is not None:
                 cache = decoder.export(len(ids) - 1)
-        self.contexts.keep_kv(job.rid, TurnKV(ids[:len(ids) - 1], prompt.media, cache),
-                              job.cancelled)
+        held = cache.get_seq_length()  # all but the last token: generate never feeds it
+        self.contexts.keep_kv(job.rid, TurnKV(ids[:held], prompt.media, cache), job.cancelled)
         new = ids[prompt_len:]
         ended = bool(new) and new[-1] in kwargs["eos_token_id"]
         text = self.tokenizer.decode(new, skip_special_tokens=True)
