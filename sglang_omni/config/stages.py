@@ -31,6 +31,11 @@ GENERATION_FACTORY: dict[str, FactoryField] = {
 
 REASONER_FACTORY: dict[str, FactoryField] = {
     **PROCESS_FACTORY,
+    "context_budget_bytes": FactoryField(
+        (int,), 4 * 1024 * MiB, "hf backend: bytes the stage keeps of its running requests' "
+        "contexts (each media item's processor and vision tower outputs, the K/V of the last "
+        "turn), all requests together; the least recently used go first (0: keep none)",
+        minimum=0),
     "native_lifecycle": FactoryField(
         (bool,), False, "scripted backend: treat children as native SGLang processes (one that "
         "exits stops the stage and the server)"),

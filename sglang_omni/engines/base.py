@@ -104,7 +104,11 @@ class Engine(Protocol):
     Optional lifecycle hooks (the native backends define them): ``watch()`` completes with a
     message once the engine can no longer serve (a native scheduler or detokenizer process
     failed); the stage then reports ``fatal`` and exits. ``stops_server_on_exit = True`` makes
-    the server stop, with a non-zero exit code, whenever this stage process exits.
+    the server stop, with a non-zero exit code, whenever this stage process exits. An engine
+    that keeps state of a request across its jobs (the hf Reasoner's context) defines
+    ``end_request(rid)``, which the stage calls when the server says the request ended and when
+    it aborts the request's job, and ``stats()``, a dict of integers sent with every heartbeat
+    answer (``StageHandle.engine_stats``).
     """
 
     async def start(self) -> None: ...

@@ -326,8 +326,17 @@ class Orchestrator:
             "options": cast(ReasonerOptions, {k: req.extra[k] for k in REASONER_OPTION_FIELDS
                                               if k in req.extra}),
         }
-        async for item in stream_call(self.stages["reasoner"], rid, payload):
-            yield item
+        try:
+            async for item in stream_call(self.stages["reasoner"], rid, payload):
+                yield item
+        finally:
+            self._end_on_reasoners(rid)
+
+    def _end_on_reasoners(self, rid: str) -> None:
+        """Tell the Reasoner stages ``rid`` ended (they release its context)."""
+        for handle in self.stages.handles.values():
+            if handle.spec.role == "reasoner":
+                handle.end_request(rid)
 
     def open_interleaved(self, request: UMMRequest) -> UMMRun:
         """Check and admit an interleaved request (400 or 503 before any model work).
@@ -375,6 +384,7 @@ class Orchestrator:
             job.cancel()  # its stage call aborts the job
         if self.controller is not None:
             self.scheduler.release(rid)
+        self._end_on_reasoners(rid)
 
     def end_interleaved(self, run: UMMRun) -> None:
         """Close an admitted run and release its admission; idempotent. The HTTP layer calls

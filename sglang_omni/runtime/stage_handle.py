@@ -48,6 +48,8 @@ ChunkCallback = Callable[[dict[str, Any]], None]
 
 #: The stage's messages that end a job, and those about a job (each a sign of progress).
 JOB_ENDS = frozenset({"result", "error", "aborted"})
+#: Engine stats (``pong.engine``) that describe the running process, not counts since it began.
+ENGINE_GAUGES = frozenset({"bytes", "budget", "requests"})
 JOB_OPS = JOB_ENDS | {"chunk", "progress"}
 
 
@@ -135,6 +137,19 @@ class StageHandle:
         #: those of its earlier processes (``media_stats()`` adds them up).
         self._media: dict[str, Any] = {}
         self._media_before: list[dict[str, Any]] = []
+        #: The engine's own counters from the stage's last heartbeat answer (the hf Reasoner's
+        #: context), and the counters of its earlier processes summed (``engine_stats()``).
+        self._engine: dict[str, int] = {}
+        self._engine_before: dict[str, int] = {}
+
+    def engine_stats(self) -> dict[str, int]:
+        """The engine's counters (its ``stats()``; empty for engines without): the gauges
+        :data:`ENGINE_GAUGES` of the running process, every other value summed over every
+        process this stage ran."""
+        out = dict(self._engine)
+        for key, value in self._engine_before.items():
+            out[key] = out.get(key, 0) + value
+        return out
 
     def media_stats(self) -> list[dict[str, Any]]:
         """The media counters of every process this stage ran (``MediaStats.snapshot``s)."""
@@ -204,6 +219,10 @@ class StageHandle:
         if self._media:
             self._media_before.append(self._media)
             self._media = {}
+        for key, value in self._engine.items():
+            if key not in ENGINE_GAUGES:
+                self._engine_before[key] = self._engine_before.get(key, 0) + value
+        self._engine = {}
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
@@ -316,13 +335,19 @@ class StageHandle:
         if not self.dead:
             self._post({"op": "abort", "rid": rid})
 
+    def end_request(self, rid: str) -> None:
+        """Tell the stage request ``rid`` ended, so it drops what it keeps for the request
+        across calls (the hf Reasoner's context); nothing to send to a stage that is gone."""
+        if self.ready and not self.dead:
+            self._post({"op": "end", "rid": rid})
+
     def ping(self) -> None:
         """Send a heartbeat; the stage's reader thread answers it (``last_seen`` moves on)."""
         if self.ready and not self.dead:
             self._post({"op": "ping", "seq": next(self._pings)})
 
     def _post(self, header: dict[str, Any]) -> None:
-        """Queue a control message (abort, ping, shutdown); a failure is logged (the stage is
+        """Queue a control message (abort, end, ping, shutdown); a failure is logged (the stage is
         gone or going, and its death is handled by the watcher)."""
         packed = pack_header(header)
         sent = self._sender.submit(self._send_packed, packed, None)
@@ -385,6 +410,10 @@ class StageHandle:
                     if media != self._media:  # media arriving for its jobs is progress too
                         self._last_progress = self.last_seen
                     self._media = media
+                engine = header.get("engine")
+                if isinstance(engine, dict):
+                    self._engine = {str(k): int(v) for k, v in engine.items()
+                                    if isinstance(v, int | float) and not isinstance(v, bool)}
                 continue
             if header.get("op") in JOB_OPS:  # noted here: a busy server loop is no hang
                 self._last_progress = self.last_seen

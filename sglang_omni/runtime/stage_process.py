@@ -1,9 +1,12 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
 Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
-``abort {rid}``, ``shutdown``, ``ping {seq}`` (answered ``pong {seq, media}`` by the reader
-thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
-:mod:`sglang_omni.media.stats`). Stage -> server: ``ready {pid, stops_server_on_exit}``,
+``abort {rid}``, ``end {rid}`` (the request ended: an engine that keeps per-request state, such
+as the hf Reasoner's context, releases it; an abort releases it too), ``shutdown``,
+``ping {seq}`` (answered ``pong {seq, media, engine}`` by the reader thread, so a frozen stage is
+noticed; ``media`` is the stage's media counters, :mod:`sglang_omni.media.stats`, ``engine`` the
+engine's own counters when it has ``stats()``, else absent).
+Stage -> server: ``ready {pid, stops_server_on_exit}``,
 ``failed {message}``, ``chunk {rid, token, data}`` (+ frames for an early result),
 ``result {rid, token, payload, engine_s, spans}`` + frames, ``error {rid, token, status, type,
 message}``, ``aborted {rid, token}``, ``progress {rid, token}`` (the engine's ``job.progress()``,
@@ -203,8 +206,11 @@ class _StageServer:
                 continue
             if header.get("op") == "ping":  # answered here: the event loop may be busy
                 self.last_ping = time.monotonic()
-                self._send_now({"op": "pong", "seq": header.get("seq"),
-                                "media": MEDIA_STATS.snapshot()}, None)
+                pong = {"op": "pong", "seq": header.get("seq"), "media": MEDIA_STATS.snapshot()}
+                stats = getattr(self.engine, "stats", None)
+                if stats is not None:
+                    pong["engine"] = stats()
+                self._send_now(pong, None)
                 continue
             loop.call_soon_threadsafe(self._handle, header, frames)
 
@@ -253,6 +259,9 @@ class _StageServer:
                 job, task, _ = entry
                 job.cancelled.set()
                 task.cancel()
+            self._end_request(header["rid"])
+        elif op == "end":
+            self._end_request(header["rid"])
         elif op == "shutdown":
             self.stopping.set()
 
@@ -268,6 +277,12 @@ class _StageServer:
                 self.send({"op": "progress", "rid": rid, "token": token})
 
         return progress
+
+    def _end_request(self, rid: str) -> None:
+        """Let an engine that keeps per-request state drop ``rid``'s."""
+        end = getattr(self.engine, "end_request", None)
+        if end is not None:
+            end(rid)
 
     def _finished(self, job: Job, token: int, task: asyncio.Task, started: float) -> None:
         """Report a job's outcome; runs even when the job was aborted before it started."""

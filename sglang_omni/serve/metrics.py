@@ -122,6 +122,7 @@ class _LiveCollector:
         yield from self._stages()
         yield from self._interleaved()
         yield from self._media()
+        yield from self._contexts()
 
     def _stages(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("sgl_omni_stage_up", "1 when the stage process is ready",
@@ -170,6 +171,32 @@ class _LiveCollector:
         for modality, seconds in sorted(times.shortest_s.items()):
             shortest.add_metric([modality], seconds)
         yield from (queued, admitted, retained, longest, shortest)
+
+    def _contexts(self) -> Iterator[Metric]:
+        """The Reasoner stages' per-request contexts (hf backend; other backends keep none and
+        report zeros)."""
+        held = GaugeMetricFamily("sgl_omni_reasoner_context_bytes", "bytes the Reasoner "
+                                 "stage keeps of its running requests' contexts", labels=["stage"])
+        media = CounterMetricFamily("sgl_omni_reasoner_context_media", "media items of "
+                                    "Reasoner turns found in the request's context (hit) or "
+                                    "encoded (miss)", labels=["stage", "outcome"])
+        evictions = CounterMetricFamily("sgl_omni_reasoner_context_evictions", "context "
+                                        "entries evicted to stay within the byte budget",
+                                        labels=["stage"])
+        tokens = CounterMetricFamily("sgl_omni_reasoner_prompt_tokens", "Reasoner prompt "
+                                     "tokens reused from the request's context or prefilled",
+                                     labels=["stage", "source"])
+        for name, handle in self.orchestrator.stages.handles.items():
+            if handle.spec.role != "reasoner":
+                continue
+            stats = handle.engine_stats()
+            held.add_metric([name], float(stats.get("bytes", 0)))
+            media.add_metric([name, "hit"], float(stats.get("hits", 0)))
+            media.add_metric([name, "miss"], float(stats.get("misses", 0)))
+            evictions.add_metric([name], float(stats.get("evictions", 0)))
+            tokens.add_metric([name, "reused"], float(stats.get("reused_tokens", 0)))
+            tokens.add_metric([name, "prefilled"], float(stats.get("prefilled_tokens", 0)))
+        yield from (held, media, evictions, tokens)
 
     def _media(self) -> Iterator[Metric]:
         snaps = [MEDIA_STATS.snapshot()]

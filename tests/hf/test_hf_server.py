@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
-from tests.kit import parse_sse  # noqa: E402
+from tests.kit import parse_sse, wait_until  # noqa: E402
+from tests.metrics.kit import Scrape  # noqa: E402
 from tests.server import Server  # noqa: E402
 
 SMALL = {"width": 64, "height": 64, "num_frames": 5, "num_inference_steps": 2, "seed": 7}
@@ -85,3 +87,67 @@ def test_the_demo_says_its_weights_are_random(server: Server, tiny_checkpoint: P
     assert "sgl-omni make-checkpoint --shape tiny --seed 0" in info["notice"]
     ready = [line for line in server.log().splitlines() if "sgl-omni: ready in" in line]
     assert len(ready) == 1 and f"({info['notice']}): open {server.url}/" in ready[0]
+
+
+def test_the_reasoner_keeps_each_request_context_until_it_ends(server: Server) -> None:
+    """Each generated media item is encoded by the Reasoner stage once, on the turn after its
+    generation, and kept for the later turns; the server tells the stage when the request
+    ended, and the stage releases what it kept."""
+    def held() -> float:
+        return Scrape(server).value("sgl_omni_reasoner_context_bytes", stage="reasoner")
+
+    assert wait_until(lambda: held() == 0, timeout=30)  # earlier requests' ends were heard
+    before = Scrape(server)
+    rid = "hf-context-1"
+    body = {"prompt": PROMPT, "rid": rid, "stage_params": {"generation": SMALL}}
+    response = httpx.post(f"{server.url}/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    generated = [s for s in response.json()["segments"] if s["kind"] != "text"]
+    assert generated, "greedy decisions of the tiny checkpoint generate first"
+    ended = re.compile(rf"request {rid} ended; released (\d+) context bytes; contexts hold "
+                       r"(\d+) bytes of (\d+) requests")
+    assert wait_until(lambda: ended.search(server.log()) is not None, timeout=30), server.log()
+    found = ended.search(server.log())
+    assert found is not None and int(found[1]) > 0 and found.groups()[1:] == ("0", "0")
+    turns = re.findall(rf"request {rid}: context: (\d+) of (\d+) prompt tokens reused, \d+ "
+                       r"prefilled; media (\d+) kept, (\d+) encoded", server.log())
+    assert len(turns) == len(generated) + 1, turns  # a Reasoner turn before and after each
+    for index, (_, _, kept, encoded) in enumerate(turns):
+        assert (int(kept), int(encoded)) == (max(0, index - 1), min(index, 1)), turns
+    assert all(int(reused) > 0 for reused, _, _, _ in turns[1:]), turns
+    # /metrics: the stage's heartbeats carry the same counters; nothing is held once it ended.
+    assert wait_until(lambda: held() == 0 and Scrape(server).value(
+        "sgl_omni_reasoner_context_media_total", stage="reasoner", outcome="miss")
+        - before.value("sgl_omni_reasoner_context_media_total", stage="reasoner",
+                       outcome="miss") == len(generated), timeout=30)
+    after = Scrape(server)
+
+    def grew(name: str, **labels: str) -> float:
+        return after.value(name, stage="reasoner", **labels) - before.value(
+            name, stage="reasoner", **labels)
+
+    assert grew("sgl_omni_reasoner_context_media_total", outcome="hit") \
+        == sum(int(kept) for _, _, kept, _ in turns)
+    assert grew("sgl_omni_reasoner_prompt_tokens_total", source="reused") \
+        == sum(int(reused) for reused, _, _, _ in turns)
+    assert grew("sgl_omni_reasoner_prompt_tokens_total", source="reused") \
+        + grew("sgl_omni_reasoner_prompt_tokens_total", source="prefilled") \
+        == sum(int(prompt) for _, prompt, _, _ in turns)
+
+
+def test_a_client_that_leaves_releases_the_request_context(server: Server) -> None:
+    """The client leaves once the first generated media arrived (the Reasoner holds the first
+    turn's context by then): the Reasoner's next turn is aborted (or, between dispatches, the
+    request ends), and either way the stage releases the request's context."""
+    rid = "hf-context-left"
+    body = {"prompt": PROMPT, "rid": rid, "stream": True,
+            "stage_params": {"generation": SMALL}}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("event: segment"):
+                break  # the first segment is the first generated media (greedy decisions)
+    ended = re.compile(rf"request {rid} ended; released (\d+) context bytes")
+    assert wait_until(lambda: ended.search(server.log()) is not None, timeout=30), server.log()
+    assert wait_until(lambda: Scrape(server).value("sgl_omni_reasoner_context_bytes",
+                                                   stage="reasoner") == 0, timeout=30)

@@ -240,6 +240,21 @@ def _job_seconds(s: dict[str, Scrape]) -> None:
                        outcome="failed") == 1
 
 
+def _context_gauge(s: dict[str, Scrape]) -> None:
+    # The scripted Reasoner keeps no context; tests/hf/test_hf_server.py scrapes the hf one.
+    assert s["after"].labels("sgl_omni_reasoner_context_bytes", "stage") == {"reasoner"}
+    assert s["after"].value("sgl_omni_reasoner_context_bytes", stage="reasoner") == 0
+
+
+def _context_counter(name: str, label: str, values: set[str]) -> Callable[[dict[str, Scrape]],
+                                                                           None]:
+    def check(s: dict[str, Scrape]) -> None:
+        assert s["after"].labels(name, label) == values
+        assert s["after"].total(name, stage="reasoner") == 0
+
+    return check
+
+
 EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_requests_total": _requests,
     "sgl_omni_request_duration_seconds": _duration,
@@ -262,6 +277,13 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_stage_jobs_total": _stage_jobs,
     "sgl_omni_stage_restarts_total": _restarts,
     "sgl_omni_stage_job_seconds": _job_seconds,
+    "sgl_omni_reasoner_context_bytes": _context_gauge,
+    "sgl_omni_reasoner_context_media_total": _context_counter(
+        "sgl_omni_reasoner_context_media_total", "outcome", {"hit", "miss"}),
+    "sgl_omni_reasoner_context_evictions_total": _context_counter(
+        "sgl_omni_reasoner_context_evictions_total", "stage", {"reasoner"}),
+    "sgl_omni_reasoner_prompt_tokens_total": _context_counter(
+        "sgl_omni_reasoner_prompt_tokens_total", "source", {"reused", "prefilled"}),
 }
 
 

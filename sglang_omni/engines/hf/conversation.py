@@ -2,12 +2,15 @@
 
 Text parts stay text; ``image_url`` and ``video_url`` parts become ``{"type": "image"}`` and
 ``{"type": "video"}`` placeholders for the chat template, and their media are read (inline frames
-from the job, everything else under the media policy, again on every turn) and decoded, in
-conversation order, which is the order the processor expands the placeholders in.
+from the job, everything else under the media policy, again on every turn) into
+:class:`MediaItem` s named by the sha256 of their bytes, in conversation order, which is the order
+the processor expands the placeholders in. An item is decoded only when its features are not
+kept already (``MediaItem.decoded``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +30,29 @@ class Video:
 
 
 @dataclass
+class MediaItem:
+    """An image or video part: ``kind``, the sha256 of its bytes, the bytes, and the label its
+    errors name. ``decoded()`` is the PIL image or :class:`Video` (decoded once)."""
+
+    kind: str
+    digest: str
+    data: bytes | None = None
+    label: str = ""
+    value: Any = None
+
+    def decoded(self) -> Any:
+        """BadRequest when the bytes are not a readable image or video."""
+        if self.value is None:
+            assert self.data is not None
+            decode = decode_image if self.kind == "image" else decode_video
+            self.value = decode(self.data, self.label or self.kind)
+        return self.value
+
+
+@dataclass
 class Conversation:
     messages: list[dict[str, Any]]
-    images: list[Any] = field(default_factory=list)
-    videos: list[Video] = field(default_factory=list)
+    media: list[MediaItem] = field(default_factory=list)
 
 
 async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
@@ -60,19 +82,20 @@ async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
 
 async def _read_media(job: Job, part: ContentPart, policy: MediaPolicy,
                       workdir: RequestMediaDir, conversation: Conversation) -> None:
-    """Read and decode an image or video part into ``conversation``."""
+    """Read an image or video part into ``conversation`` (decoded later, when needed)."""
     import anyio
 
     url, label = part.url or "", part.label
     data = job.frame_for(url)
     if data is None:
         data = await load_bytes(url, policy, workdir, label=label)
-    if part.kind == "image":
-        conversation.images.append(await anyio.to_thread.run_sync(
-            decode_image, bytes(data), label))
-    else:
-        conversation.videos.append(await anyio.to_thread.run_sync(
-            decode_video, bytes(data), label))
+    data = bytes(data)
+    digest = await anyio.to_thread.run_sync(_sha256, data)
+    conversation.media.append(MediaItem(str(part.kind), digest, data, label))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def decode_image(data: bytes, label: str = "image") -> Any:

@@ -38,7 +38,10 @@ def supports(kwargs: dict[str, Any]) -> bool:
     return set(kwargs) <= HANDLED
 
 
-def static_generate(decoder: StaticDecoder, inputs: Any, **kwargs: Any) -> Any:
+def static_generate(decoder: StaticDecoder, inputs: Any, prefilled: Any = None,
+                    **kwargs: Any) -> Any:
+    """``generate`` over ``decoder``; ``prefilled``: a ``DynamicCache`` holding all but the
+    prompt's last token (``StaticDecoder.resume``) instead of a prefill of ``inputs``."""
     import torch
     from transformers import LogitsProcessorList
 
@@ -71,7 +74,10 @@ def static_generate(decoder: StaticDecoder, inputs: Any, **kwargs: Any) -> Any:
     raw_logits: list[Any] = []
     length = prompt_len
     with torch.inference_mode():
-        logits = decoder.prefill(inputs, prompt_len + max_new)
+        if prefilled is None:
+            logits = decoder.prefill(inputs, prompt_len + max_new)
+        else:
+            logits = decoder.resume(prefilled, ids[:, :prompt_len], prompt_len + max_new)
         while True:
             if keep_logits:
                 raw_logits.append(logits.clone())

@@ -12,6 +12,12 @@ Decoding: on a GPU each token is one replay of a CUDA graph over a static KV cac
 ready: a short multimodal turn under a JSON schema (kernels, the llguidance vocabulary) and the
 graphs of the first cache sizes.
 
+Each request keeps a context in the stage (``context``): its media items' processor and vision
+tower outputs and the K/V of its last turn, so a later turn of an interleaved request neither
+reads, preprocesses nor encodes earlier media again and prefills only the tokens its prompt adds
+(``prompt``). The context is released when the request ends (``end_request``) or is aborted,
+and all contexts stay within ``stages.reasoner.factory.context_budget_bytes``.
+
 Engine options (``stages.reasoner.engine``): ``dtype`` (auto: float32 on the CPU, bfloat16 on a
 GPU), ``max_new_tokens`` (plain replies when the client sets no length, 1024),
 ``max_structured_tokens`` (the budget of a JSON-schema reply, 2048) and ``decoder`` (``auto``:
@@ -40,8 +46,10 @@ from sglang_omni.engines.hf.constrained import (
     Vocabulary,
     schema_of,
 )
-from sglang_omni.engines.hf.conversation import Conversation, read_conversation
+from sglang_omni.engines.hf.context import DEFAULT_BUDGET_BYTES, ContextStore, TurnKV
+from sglang_omni.engines.hf.conversation import Conversation, MediaItem, read_conversation
 from sglang_omni.engines.hf.decode_loop import static_generate, supports
+from sglang_omni.engines.hf.prompt import build_prompt, prefill
 from sglang_omni.engines.hf.static_decode import StaticDecoder
 from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
 from sglang_omni.engines.result import StageResult
@@ -76,7 +84,21 @@ class HFReasoner(ThreadedModelEngine):
             raise RuntimeError(f"stages.{spec.stage}.engine.decoder: "
                                f"{self.options['decoder']!r} is not one of {', '.join(DECODERS)}")
         self.policy = policy_from_spec(spec.media_policy)
+        budget = spec.factory.get("context_budget_bytes")
+        self.contexts = ContextStore(DEFAULT_BUDGET_BYTES if budget is None else int(budget))
         self.thread = ModelThread(f"{spec.stage}-model")
+
+    def end_request(self, rid: str) -> None:
+        """The request ended (or was aborted): release its context."""
+        freed = self.contexts.release(rid)
+        if freed:
+            held = self.contexts.stats()
+            log.info("hf reasoner: request %s ended; released %d context bytes; contexts hold "
+                     "%d bytes of %d requests", rid, freed, held["bytes"], held["requests"])
+
+    def stats(self) -> dict[str, int]:
+        """The context counters (``ContextStore.stats``), sent with the stage's heartbeats."""
+        return self.contexts.stats()
 
     def _load(self) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -113,7 +135,7 @@ class HFReasoner(ThreadedModelEngine):
 
         conversation = Conversation(
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi."}]}],
-            images=[Image.new("RGB", (64, 64), (128, 128, 128))])
+            media=[MediaItem("image", "warmup", value=Image.new("RGB", (64, 64), (128,) * 3))])
         schema = {"type": "object", "properties": {"a": {"type": "string"}},
                   "required": ["a"], "additionalProperties": False}
         settings = {"max_new_tokens": MIN_BUDGET, "logprobs": False, "top_logprobs": 0,
@@ -122,6 +144,7 @@ class HFReasoner(ThreadedModelEngine):
             self.decoder.capture(WARM_CACHE_SIZES)
         self._generate(Job("warmup", {}, [], emit=lambda _: None), conversation, schema,
                        settings)
+        self.contexts.release("warmup")
 
     def _vocabulary(self) -> Vocabulary:
         if self._vocab is None:
@@ -193,8 +216,16 @@ class HFReasoner(ThreadedModelEngine):
 
         if job.cancelled.is_set():
             raise JobCancelled()
-        inputs = self._inputs(conversation)
-        prompt_len = int(inputs["input_ids"].shape[1])
+        before = self.contexts.stats()
+        prepared = time.perf_counter()
+        with torch.inference_mode():
+            prompt = build_prompt(self.processor, self.model, conversation, self.contexts,
+                                  job.rid, job.cancelled)
+            cache, reused = prefill(self.model, prompt, self.contexts.take_kv(job.rid))
+        prompt_len = prompt.length
+        self.contexts.count_prefill(reused, prompt_len - reused)
+        if job.cancelled.is_set():
+            raise JobCancelled()
         max_new = settings["max_new_tokens"]
         processors: list[Any] = []
         constraint = None
@@ -251,17 +282,26 @@ class HFReasoner(ThreadedModelEngine):
         started = time.perf_counter()
         decoder = self.decoder if supports(kwargs) else None
         fast = decoder is not None
+        input_ids = prompt.ids.to(self.device)
         with torch.inference_mode():
             if decoder is not None:
-                output = static_generate(decoder, inputs.to(self.device), **kwargs)
+                output = static_generate(decoder, {"input_ids": input_ids}, prefilled=cache,
+                                         **kwargs)
             else:
-                output = self.model.generate(**inputs.to(self.device), **kwargs)
+                output = self.model.generate(input_ids=input_ids,
+                                             attention_mask=torch.ones_like(input_ids),
+                                             past_key_values=cache, **kwargs)
         if job.cancelled.is_set():
             raise JobCancelled()
         logits = None
         if settings["logprobs"]:
             output, logits = output.sequences, output.logits
         ids = output[0].tolist()
+        with torch.inference_mode():
+            if decoder is not None:
+                cache = decoder.export(len(ids) - 1)
+        held = cache.get_seq_length()  # all but the last token: generate never feeds it
+        self.contexts.keep_kv(job.rid, TurnKV(ids[:held], prompt.media, cache), job.cancelled)
         new = ids[prompt_len:]
         ended = bool(new) and new[-1] in kwargs["eos_token_id"]
         text = self.tokenizer.decode(new, skip_special_tokens=True)
@@ -279,7 +319,10 @@ class HFReasoner(ThreadedModelEngine):
         }
         if logits is not None:
             result["logprobs"] = self._logprobs(new, logits, settings["top_logprobs"])
-        self._log_turn(job, prompt_len, len(new), time.perf_counter() - started, fast)
+        # The turn's time covers what generate covered before the context existed (vision
+        # tower, prefill, decode) and now the media preparation: serve_gpu.py compares turns.
+        self._log_turn(job, prompt_len, len(new), time.perf_counter() - prepared, fast)
+        self._log_context(job, reused, prompt_len, started - prepared, before)
         return StageResult(result)
 
     def _log_turn(self, job: Job, prompt_len: int, new: int, seconds: float,
@@ -293,6 +336,17 @@ class HFReasoner(ThreadedModelEngine):
         log.info("hf reasoner: request %s: %d prompt + %d new tokens in %.3f s (%.1f tokens/s, "
                  "%s)%s", job.rid, prompt_len, new, seconds, new / max(seconds, 1e-9),
                  "static" if fast else "generate", peak)
+
+    def _log_context(self, job: Job, reused: int, prompt_len: int, seconds: float,
+                     before: dict[str, int]) -> None:
+        """One line per turn on the request's context: what the turn reused and prefilled,
+        its media hits and misses, and what all contexts hold against the budget."""
+        now = self.contexts.stats()
+        log.info("hf reasoner: request %s: context: %d of %d prompt tokens reused, %d "
+                 "prefilled; media %d kept, %d encoded; prepared in %.3f s; contexts hold %d "
+                 "of %d bytes (%d evictions)", job.rid, reused, prompt_len, prompt_len - reused,
+                 now["hits"] - before["hits"], now["misses"] - before["misses"], seconds,
+                 now["bytes"], now["budget"], now["evictions"])
 
     def _logprobs(self, new: list[int], logits: Any, top: int) -> dict[str, Any]:
         """OpenAI chat ``logprobs``: each generated token's log probability under the model's
@@ -312,22 +366,6 @@ class HFReasoner(ThreadedModelEngine):
                                     for v, i in zip(values, indices, strict=True)]
             content.append(item)
         return {"content": content}
-
-    def _inputs(self, conversation: Conversation) -> Any:
-        from transformers.video_utils import VideoMetadata
-
-        text = self.processor.apply_chat_template(conversation.messages, tokenize=False,
-                                                  add_generation_prompt=True)
-        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
-        if conversation.images:
-            kwargs["images"] = conversation.images
-        if conversation.videos:
-            kwargs["videos"] = [v.frames for v in conversation.videos]
-            kwargs["video_metadata"] = [
-                VideoMetadata(total_num_frames=len(v.frames), fps=v.fps,
-                              height=v.frames.shape[1], width=v.frames.shape[2])
-                for v in conversation.videos]
-        return self.processor(**kwargs)
 
 
 def _number(key: str, value: Any, minimum: float) -> None:

@@ -125,6 +125,32 @@ class StaticDecoder:
         del out
         return logits
 
+    def resume(self, cache: Any, prompt: Any, total: int) -> Any:
+        """Like ``prefill``, from a transformers ``DynamicCache`` that holds the K/V of all but
+        the last token of ``prompt`` (``[1, n]``; the model's ``rope_deltas`` set for it, as
+        ``prompt.prefill`` leaves them): copy it in, then step the last token."""
+        length = int(prompt.shape[1])
+        self.reserve(total)
+        for i, layer in enumerate(cache.layers):
+            self.keys[i][:, :, :length - 1].copy_(layer.keys)
+            self.values[i][:, :, :length - 1].copy_(layer.values)
+        deltas = self.model.model.rope_deltas
+        if deltas is None:
+            self.delta.zero_()
+        else:
+            self.delta.copy_(deltas.reshape(-1)[:1].to(self.device))
+        return self.step(prompt[:, -1], length - 1).clone()
+
+    def export(self, length: int) -> Any:
+        """A ``DynamicCache`` with a copy of the K/V of the first ``length`` positions."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for i in range(self.layers):
+            cache.update(self.keys[i][:, :, :length].clone(),
+                         self.values[i][:, :, :length].clone(), i)
+        return cache
+
     # --- one token -------------------------------------------------------------------------
     def step(self, token: Any, index: int) -> Any:
         """Feed ``token`` (a one-element tensor) at cache position ``index``."""
