@@ -26,6 +26,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
 from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.msgpack_body import MSGPACK, read_msgpack_body
@@ -76,7 +77,7 @@ def format_of(request: Request, extra: tuple[str, ...]) -> str:
     return JSON
 
 
-def _convert(key: str, text: str, schema: dict[str, Any] | None) -> Any:
+def _convert(key: str, text: str, schema: dict[str, Any] | None, max_depth: int) -> Any:
     kind = (schema or {}).get("type")
     try:
         if kind == "integer":
@@ -90,6 +91,9 @@ def _convert(key: str, text: str, schema: dict[str, Any] | None) -> Any:
             raise ValueError(text)
         if kind in ("array", "object") or schema is None:
             return json.loads(text)
+    except RecursionError:  # nested past what the decoder's recursion allows: too deep anyway
+        raise BadRequest(f"{key}: nested deeper than {max_depth} levels "
+                         "(server.max_json_depth); flatten it or raise the limit") from None
     except ValueError:
         if schema is None:
             return text
@@ -107,9 +111,11 @@ def data_url(upload: Upload) -> str:
     return f"data:{mime};base64,{base64.b64encode(upload.data).decode()}"
 
 
-def form_value(form: Form, properties: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def form_value(form: Form, properties: dict[str, dict[str, Any]],
+               max_depth: int = ServerSettings.max_json_depth) -> dict[str, Any]:
     """The object a form stands for (see the module contract); ``properties`` are the JSON
-    schemas of the route model's fields."""
+    schemas of the route model's fields. A JSON field nested too deep to decode is a 400
+    (:func:`~sglang_omni.serve.request_body.check_wire_value` checks the depth of the rest)."""
     out: dict[str, Any] = {}
     items = [(k, v, False) for k, v in form.fields if v != ""]
     items += [(u.name, data_url(u), True) for u in form.files]
@@ -122,9 +128,9 @@ def form_value(form: Form, properties: dict[str, dict[str, Any]]) -> dict[str, A
         if upload:
             value: Any = text
         elif is_list:
-            value = _convert(key, text, items_schema or {"type": "string"})
+            value = _convert(key, text, items_schema or {"type": "string"}, max_depth)
         else:
-            value = _convert(key, text, schema)
+            value = _convert(key, text, schema, max_depth)
         if is_list:
             out.setdefault(key, [])
             if not isinstance(out[key], list):
@@ -157,9 +163,10 @@ async def _read_route_body(request: Request, extra: tuple[str, ...],
     kind = format_of(request, extra)
     if kind == MULTIPART:
         form = await read_form(request)
-        value = await asyncio.to_thread(form_value, form, properties) if form.files \
-            else form_value(form, properties)
-        check_wire_value(value, settings_of(request).max_json_depth)
+        max_depth = settings_of(request).max_json_depth
+        value = await asyncio.to_thread(form_value, form, properties, max_depth) \
+            if form.files else form_value(form, properties, max_depth)
+        check_wire_value(value, max_depth)
         return kind, value
     if kind == MSGPACK:
         return kind, await read_msgpack_body(request)
