@@ -11,9 +11,10 @@ neither a private literal nor DNS rebinding reaches an internal service. It neve
 follow redirects: each hop is validated like a fresh reference (scheme, syntax, host rules,
 addresses) before it is requested, and at most ``max_redirects`` are followed. It asks for an
 unencoded body (a compressed one is refused, so the limit counts the bytes that are stored) and
-streams it, refusing a declared ``Content-Length`` over the limit up front and stopping as soon as
-the bytes read pass the limit. ``fetch_timeout_s`` bounds connecting and every read (a stalled
-host), ``fetch_deadline_s`` the whole fetch, redirects included (a trickling, slowloris host).
+streams it, refusing a declared ``Content-Length`` over the limit (``media_url_max_file_size_mb``)
+up front and stopping as soon as the bytes read pass it. ``fetch_timeout_s`` bounds connecting and
+every read (a stalled host), ``fetch_deadline_s`` the whole fetch, redirects included (a
+trickling, slowloris host).
 
 Bytes fetched and decoded from inline data are counted per request (on the request's
 :class:`RequestMediaDir`) against ``max_media_bytes``: over it is :class:`MediaRefused` (400,
@@ -21,10 +22,10 @@ naming ``--server.max_media_bytes``).
 
 Failures are typed as native SGLang's other chat routes answer them (``sglang_omni.errors``
 holds their statuses): :class:`MediaNotFound` (400) when the media host answers 404,
-:class:`MediaFetchFailed` (500) when it answers another error, fails, times out, redirects too
-often or sends more than the limit; a redirect to a refused URL or a host on a refused address
-is :class:`MediaRefused` (400). Messages never carry internal exception text;
-the details go to the log.
+:class:`MediaFetchFailed` (500) when it answers another error, fails, times out or redirects too
+often; media over the size limit, a compressed body (both the client's choice of media), a
+redirect to a refused URL or a host on a refused address is :class:`MediaRefused` (400). Messages
+never carry internal exception text; the details go to the log.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ _HEADERS = {"Accept-Encoding": "identity", "User-Agent": "sglang-omni-media"}
 
 
 def _limit_text(policy: MediaPolicy) -> str:
-    return f"the {policy.max_file_size_mb:g} MB limit (media_url_max_file_size_mb)"
+    return (f"the {policy.max_file_size_mb:g} MB limit (media_url_max_file_size_mb); send "
+            "smaller media")
 
 
 def charge(workdir: RequestMediaDir | None, policy: MediaPolicy, size: int, *,
@@ -249,13 +251,15 @@ class _Fetch:
             )
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise MediaFetchFailed(
-                f"{where} failed: the media host sent a compressed body ({encoding[:20]!r})"
+            raise MediaRefused(
+                f"{where}: the media host sent a compressed body (Content-Encoding "
+                f"{encoding[:20]!r}); media must be served unencoded, so name media its host "
+                "sends as is"
             )
         declared = response.headers.get("content-length", "").strip()
         if declared.isdigit() and declared.isascii():
             if policy.over_limit(int(declared)):
-                raise _tagged(MediaFetchFailed(
+                raise _tagged(MediaRefused(
                     f"{where}: the media is larger than {_limit_text(policy)}"
                 ), "size")
             if policy.max_media_bytes is not None and self.workdir is not None and \
@@ -265,7 +269,7 @@ class _Fetch:
         async for chunk in response.aiter_raw():
             received += len(chunk)
             if policy.over_limit(received):
-                raise _tagged(MediaFetchFailed(
+                raise _tagged(MediaRefused(
                     f"{where}: the media is larger than {_limit_text(policy)}"
                 ), "size")
             charge(self.workdir, policy, len(chunk), label=self.label)
