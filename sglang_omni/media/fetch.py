@@ -221,8 +221,11 @@ class _Fetch:
             )
         except AddressRefused as e:
             raise MediaRefused(f"{self.label}: {e} (got {preview(media.url.url)})") from None
-        except NoAddress as e:
-            raise MediaFetchFailed(f"{self.where} failed: {e}") from None
+        except NoAddress as e:  # the same rule as at admission (:mod:`.admission`)
+            if e.temporary:
+                raise MediaFetchFailed(f"{self.where} failed: {e}") from None
+            raise MediaRefused(f"{self.label}: {e}; check the URL's host name (got "
+                               f"{preview(media.url.url)})") from None
 
     async def _hop(self, client: httpx.AsyncClient, media: RemoteMedia) -> str | None:
         """Request one URL; the redirect location, or ``None`` once the body was received."""

@@ -100,7 +100,9 @@ def refused(resp: httpx.Response, *needles: str, status: int = 400) -> str:
 
 
 def data_url(size: int) -> str:
-    return "data:image/png;base64," + base64.b64encode(b"\0" * size).decode()
+    """A data: URL of ``size`` bytes that start as a PNG (admission checks the leading bytes)."""
+    head = b"\x89PNG\r\n\x1a\n"
+    return "data:image/png;base64," + base64.b64encode(head + b"\0" * (size - len(head))).decode()
 
 
 # --- addresses ---------------------------------------------------------------------------------
