@@ -16,6 +16,12 @@ up front and stopping as soon as the bytes read pass it. ``fetch_timeout_s`` bou
 every read (a stalled host), ``fetch_deadline_s`` the whole fetch, redirects included (a
 trickling, slowloris host).
 
+An ``https`` fetch verifies the host's certificate against the URL's host name (sent as SNI,
+though the connection goes to the pinned address) and the certificate authorities of
+:func:`tls_context`: those of ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when the server's environment
+sets one (an internal media store's own authority), else the public ones (certifi). A
+certificate that does not verify fails the fetch (500) saying so.
+
 Bytes fetched and decoded from inline data are counted per request (on the request's
 :class:`RequestMediaDir`) against ``max_media_bytes``: over it is :class:`MediaRefused` (400,
 naming ``--server.max_media_bytes``).
@@ -34,12 +40,14 @@ import functools
 import logging
 import mimetypes
 import os
+import ssl
 import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import anyio
+import certifi
 import httpx
 
 from sglang_omni.errors import MediaFetchFailed, MediaNotFound, MediaRefused
@@ -77,6 +85,26 @@ def _tagged(exc: Exception, reason: str) -> Exception:
     setattr(exc, REASON_ATTR, reason)
     return exc
 _HEADERS = {"Accept-Encoding": "identity", "User-Agent": "sglang-omni-media"}
+
+
+@functools.lru_cache(maxsize=4)
+def tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """The certificate authorities media hosts are verified against: ``cafile``/``capath``
+    (``SSL_CERT_FILE``/``SSL_CERT_DIR``) when given, else certifi's. Built once per setting."""
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _limit_text(policy: MediaPolicy) -> str:
@@ -167,6 +195,8 @@ async def _fetch_remote(
                 timeout=httpx.Timeout(policy.fetch_timeout_s),
                 trust_env=policy.trust_env,
                 headers=_HEADERS,
+                verify=tls_context(os.environ.get("SSL_CERT_FILE"),
+                                   os.environ.get("SSL_CERT_DIR")),
             ) as client:
                 return await fetch.follow(client, url)
     except TimeoutError:
@@ -180,6 +210,11 @@ async def _fetch_remote(
         ), "timeout") from None
     except httpx.ConnectError as e:
         log.info("%s: cannot connect: %r", where, e)
+        if _caused_by(e, ssl.SSLCertVerificationError):
+            raise MediaFetchFailed(
+                f"{where} failed: the media host's TLS certificate did not verify (not for "
+                "this host name, or not from a trusted certificate authority; set "
+                "SSL_CERT_FILE for an internal one)") from None
         raise MediaFetchFailed(f"{where} failed: cannot connect to the media host") from None
     except httpx.HTTPError as e:
         log.info("%s: failed: %r", where, e)
