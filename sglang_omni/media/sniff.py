@@ -1,7 +1,8 @@
 """What a client's media bytes are, from their leading bytes (magic numbers).
 
-The formats the engines read: images PIL decodes (PNG, JPEG, WebP, GIF, BMP, TIFF) and videos
-the native video readers open (MP4/QuickTime, WebM/Matroska, AVI). :func:`sniff_format` names
+The formats the engines read: images PIL decodes (PNG, JPEG, WebP, GIF, BMP, TIFF), videos the
+native video readers open (MP4/QuickTime, WebM/Matroska, AVI) and the audio native chat reads
+(WAV, MP3, FLAC, Ogg; M4A is MP4). :func:`sniff_format` names
 the format of the leading bytes; :func:`declared_format` the format a declared MIME type names
 (None for a type that names no single format, such as ``application/octet-stream``).
 """
@@ -19,13 +20,19 @@ MIME_OF_FORMAT: dict[str, tuple[str, ...]] = {
     "gif": ("image/gif",),
     "bmp": ("image/bmp", "image/x-ms-bmp"),
     "tiff": ("image/tiff",),
-    "mp4": ("video/mp4", "video/quicktime", "video/x-m4v", "video/3gpp"),
+    "mp4": ("video/mp4", "video/quicktime", "video/x-m4v", "video/3gpp", "audio/mp4",
+            "audio/x-m4a", "audio/m4a"),
     "matroska": ("video/webm", "video/x-matroska"),
     "avi": ("video/x-msvideo", "video/avi", "video/msvideo"),
+    "wav": ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"),
+    "mp3": ("audio/mpeg", "audio/mp3"),
+    "flac": ("audio/flac", "audio/x-flac"),
+    "ogg": ("audio/ogg", "video/ogg", "application/ogg", "audio/opus"),
 }
 _FORMAT_OF_MIME = {mime: fmt for fmt, mimes in MIME_OF_FORMAT.items() for mime in mimes}
 #: The formats, as a reader would name them in an error message.
-FORMAT_NAMES = "PNG, JPEG, WebP, GIF, BMP, TIFF, MP4/QuickTime, WebM/Matroska or AVI"
+FORMAT_NAMES = ("PNG, JPEG, WebP, GIF, BMP, TIFF, MP4/QuickTime, WebM/Matroska, AVI, WAV, MP3, "
+                "FLAC or Ogg")
 
 
 def sniff_format(head: bytes) -> str | None:
@@ -38,6 +45,15 @@ def sniff_format(head: bytes) -> str | None:
         return "webp"
     if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
         return "avi"
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:3] == b"ID3" or (len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0
+                              and head[1] & 0x06 != 0):  # an MPEG audio frame (layer set)
+        return "mp3"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:4] == b"OggS":
+        return "ogg"
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return "gif"
     if head[:2] == b"BM" and len(head) >= 14:
