@@ -28,6 +28,7 @@ from starlette.requests import Request
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
+from sglang_omni.media.sniff import HEAD_BYTES, MIME_OF_FORMAT, sniff_format
 from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.msgpack_body import MSGPACK, read_msgpack_body
 from sglang_omni.serve.multipart_body import MULTIPART, URLENCODED, Form, Upload, read_form
@@ -104,10 +105,13 @@ def _convert(key: str, text: str, schema: dict[str, Any] | None, max_depth: int)
 
 
 def data_url(upload: Upload) -> str:
-    """An upload as a ``data:`` URL; its type is the part's, else guessed from its name."""
+    """An upload as a ``data:`` URL; its type is the part's, else the one its leading bytes
+    show, else guessed from its name (a name's type is never checked against the bytes)."""
     mime = (upload.content_type or "").split(";", 1)[0].strip().lower()
     if not mime or mime == "application/octet-stream":
-        mime = mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
+        found = sniff_format(upload.data[:HEAD_BYTES])
+        mime = MIME_OF_FORMAT[found][0] if found is not None else \
+            mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
     return f"data:{mime};base64,{base64.b64encode(upload.data).decode()}"
 
 
