@@ -86,12 +86,14 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     import uvicorn
 
     from sglang_omni.errors import ConfigError
+    from sglang_omni.runtime.allocator import bound_large_allocations
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
     from sglang_omni.serve.head_limit import HeadLimit
     from sglang_omni.serve.shutdown import DrainingServer, uvicorn_timeout
 
     configure_logging(log_level, log_format)
+    bound_large_allocations()  # before the stages start: they inherit it
     started = time.monotonic()
     url = display_url(host, port)
     holder: dict[str, Any] = {}
