@@ -58,7 +58,8 @@ class Pinger(threading.Thread):
 
 
 def chat_body(image_mb: int, count: int) -> bytes:
-    payload = base64.b64encode(os.urandom(image_mb * 1024 * 1024)).decode()
+    png_head = b"\x89PNG\r\n\x1a\n"  # admission checks the leading bytes of inline media
+    payload = base64.b64encode(png_head + os.urandom(image_mb * 1024 * 1024 - 8)).decode()
     part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{payload}"}}
     return json.dumps({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "describe"}, *[part] * count]}], "max_tokens": 8}).encode()

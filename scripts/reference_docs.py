@@ -245,7 +245,8 @@ def http_api() -> str:
            "a wrong field is a 400 naming it (`temperature: expected a number, got 'hot'`; "
            "FastAPI's 422 is never sent). Every refusal and failure is "
            "`{\"error\": {\"message\", \"type\", \"code\"}}`; every 503 carries "
-           "`Retry-After`. With an API key set, every route but `/health`, the API "
+           "`Retry-After` but the one of a server that needs a restart (a stage past its "
+           "restart budget). With an API key set, every route but `/health`, the API "
            "documentation and the playground needs `Authorization: Bearer KEY`.\n",
            "| route | served by |", "|---|---|"]
     for path, method in sorted(routes):

@@ -110,9 +110,19 @@ class UnsupportedMediaType(OmniError):
 
 # --- capacity ------------------------------------------------------------------------------------
 class ServiceUnavailable(OmniError):
-    """The server cannot take this request now; retrying later may succeed."""
+    """The server cannot take this request now; retrying later may succeed (the answer carries
+    ``Retry-After`` when :attr:`retry_later` is true)."""
 
     status = 503
+    #: Whether a retry of the same server may succeed (the answer then carries Retry-After).
+    retry_later: bool = True
+
+
+class NeedsRestart(ServiceUnavailable):
+    """A stage is down for good (past its restart budget): this server will not come back by
+    itself, so the answer carries no ``Retry-After``; retry on another server."""
+
+    retry_later = False
 
 
 class StageRestarting(ServiceUnavailable):

@@ -70,6 +70,12 @@ class ServerSettings:
     sse_keepalive_s: float = 15.0
     #: Seconds a 503 answer tells the client to wait (Retry-After).
     retry_after_s: int = 5
+    #: Direct generation: image and action requests queued or running at once (503 above it).
+    max_direct_queue: int = 64
+    #: Direct generation: seconds an image or action request may wait for the generation stage
+    #: behind others before it is refused with 503 (one the queue ahead would keep waiting
+    #: longer, at the measured time per request, is refused at once).
+    direct_wait_s: float = 600.0
     #: Seconds the requests in flight may still run after SIGTERM or SIGINT (new ones get 503
     #: meanwhile); the server then ends those still running with 503 "the server is shutting
     #: down" (a stream with its error event and [DONE]) and exits.
@@ -89,6 +95,7 @@ _MINIMUM: dict[str, float] = {
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
     "body_timeout_s": 0.001, "send_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
+    "max_direct_queue": 1, "direct_wait_s": 0.001,
     "shutdown_grace_s": 0,
 }
 KEYS = tuple(f.name for f in fields(ServerSettings))

@@ -11,9 +11,16 @@ neither a private literal nor DNS rebinding reaches an internal service. It neve
 follow redirects: each hop is validated like a fresh reference (scheme, syntax, host rules,
 addresses) before it is requested, and at most ``max_redirects`` are followed. It asks for an
 unencoded body (a compressed one is refused, so the limit counts the bytes that are stored) and
-streams it, refusing a declared ``Content-Length`` over the limit up front and stopping as soon as
-the bytes read pass the limit. ``fetch_timeout_s`` bounds connecting and every read (a stalled
-host), ``fetch_deadline_s`` the whole fetch, redirects included (a trickling, slowloris host).
+streams it, refusing a declared ``Content-Length`` over the limit (``media_url_max_file_size_mb``)
+up front and stopping as soon as the bytes read pass it. ``fetch_timeout_s`` bounds connecting and
+every read (a stalled host), ``fetch_deadline_s`` the whole fetch, redirects included (a
+trickling, slowloris host).
+
+An ``https`` fetch verifies the host's certificate against the URL's host name (sent as SNI,
+though the connection goes to the pinned address) and the certificate authorities of
+:func:`tls_context`: those of ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when the server's environment
+sets one (an internal media store's own authority), else the public ones (certifi). A
+certificate that does not verify fails the fetch (500) saying so.
 
 Bytes fetched and decoded from inline data are counted per request (on the request's
 :class:`RequestMediaDir`) against ``max_media_bytes``: over it is :class:`MediaRefused` (400,
@@ -21,10 +28,10 @@ naming ``--server.max_media_bytes``).
 
 Failures are typed as native SGLang's other chat routes answer them (``sglang_omni.errors``
 holds their statuses): :class:`MediaNotFound` (400) when the media host answers 404,
-:class:`MediaFetchFailed` (500) when it answers another error, fails, times out, redirects too
-often or sends more than the limit; a redirect to a refused URL or a host on a refused address
-is :class:`MediaRefused` (400). Messages never carry internal exception text;
-the details go to the log.
+:class:`MediaFetchFailed` (500) when it answers another error, fails, times out or redirects too
+often; media over the size limit, a compressed body (both the client's choice of media), a
+redirect to a refused URL or a host on a refused address is :class:`MediaRefused` (400). Messages
+never carry internal exception text; the details go to the log.
 """
 
 from __future__ import annotations
@@ -33,12 +40,14 @@ import functools
 import logging
 import mimetypes
 import os
+import ssl
 import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import anyio
+import certifi
 import httpx
 
 from sglang_omni.errors import MediaFetchFailed, MediaNotFound, MediaRefused
@@ -78,8 +87,29 @@ def _tagged(exc: Exception, reason: str) -> Exception:
 _HEADERS = {"Accept-Encoding": "identity", "User-Agent": "sglang-omni-media"}
 
 
+@functools.lru_cache(maxsize=4)
+def tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """The certificate authorities media hosts are verified against: ``cafile``/``capath``
+    (``SSL_CERT_FILE``/``SSL_CERT_DIR``) when given, else certifi's. Built once per setting."""
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _limit_text(policy: MediaPolicy) -> str:
-    return f"the {policy.max_file_size_mb:g} MB limit (media_url_max_file_size_mb)"
+    return (f"the {policy.max_file_size_mb:g} MB limit (media_url_max_file_size_mb); send "
+            "smaller media")
 
 
 def charge(workdir: RequestMediaDir | None, policy: MediaPolicy, size: int, *,
@@ -166,6 +196,8 @@ async def _fetch_remote(
                 timeout=httpx.Timeout(policy.fetch_timeout_s),
                 trust_env=policy.trust_env,
                 headers=_HEADERS,
+                verify=tls_context(os.environ.get("SSL_CERT_FILE"),
+                                   os.environ.get("SSL_CERT_DIR")),
             ) as client:
                 return await fetch.follow(client, url)
     except TimeoutError:
@@ -179,6 +211,11 @@ async def _fetch_remote(
         ), "timeout") from None
     except httpx.ConnectError as e:
         log.info("%s: cannot connect: %r", where, e)
+        if _caused_by(e, ssl.SSLCertVerificationError):
+            raise MediaFetchFailed(
+                f"{where} failed: the media host's TLS certificate did not verify (not for "
+                "this host name, or not from a trusted certificate authority; set "
+                "SSL_CERT_FILE for an internal one)") from None
         raise MediaFetchFailed(f"{where} failed: cannot connect to the media host") from None
     except httpx.HTTPError as e:
         log.info("%s: failed: %r", where, e)
@@ -220,8 +257,11 @@ class _Fetch:
             )
         except AddressRefused as e:
             raise MediaRefused(f"{self.label}: {e} (got {preview(media.url.url)})") from None
-        except NoAddress as e:
-            raise MediaFetchFailed(f"{self.where} failed: {e}") from None
+        except NoAddress as e:  # the same rule as at admission (:mod:`.admission`)
+            if e.temporary:
+                raise MediaFetchFailed(f"{self.where} failed: {e}") from None
+            raise MediaRefused(f"{self.label}: {e}; check the URL's host name (got "
+                               f"{preview(media.url.url)})") from None
 
     async def _hop(self, client: httpx.AsyncClient, media: RemoteMedia) -> str | None:
         """Request one URL; the redirect location, or ``None`` once the body was received."""
@@ -250,13 +290,15 @@ class _Fetch:
             )
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise MediaFetchFailed(
-                f"{where} failed: the media host sent a compressed body ({encoding[:20]!r})"
+            raise MediaRefused(
+                f"{where}: the media host sent a compressed body (Content-Encoding "
+                f"{encoding[:20]!r}); media must be served unencoded, so name media its host "
+                "sends as is"
             )
         declared = response.headers.get("content-length", "").strip()
         if declared.isdigit() and declared.isascii():
             if policy.over_limit(int(declared)):
-                raise _tagged(MediaFetchFailed(
+                raise _tagged(MediaRefused(
                     f"{where}: the media is larger than {_limit_text(policy)}"
                 ), "size")
             if policy.max_media_bytes is not None and self.workdir is not None and \
@@ -266,7 +308,7 @@ class _Fetch:
         async for chunk in response.aiter_raw():
             received += len(chunk)
             if policy.over_limit(received):
-                raise _tagged(MediaFetchFailed(
+                raise _tagged(MediaRefused(
                     f"{where}: the media is larger than {_limit_text(policy)}"
                 ), "size")
             charge(self.workdir, policy, len(chunk), label=self.label)

@@ -76,17 +76,21 @@ def _size(exc: MediaRefused) -> MediaRefused:
     return exc
 
 
-def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy) -> None:
-    """Refuse (400) a request whose ``(label, ref)`` references break ``policy``.
+def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy
+                     ) -> list[tuple[str, str]]:
+    """Refuse (400) a request whose ``(label, ref)`` references break ``policy``; the
+    references checked (for :func:`~sglang_omni.media.admission.admit_media`).
 
     In order: more references than ``max_media_parts``; any reference the policy refuses;
     inline data whose decoded sizes add up to more than ``max_media_bytes``. No network I/O.
     """
+    checked = list(refs)
     try:
-        _check_media_refs(list(refs), policy)
+        _check_media_refs(checked, policy)
     except MediaRefused as exc:
         MEDIA_STATS.refused(getattr(exc, "media_reason", "policy"))
         raise
+    return checked
 
 
 def _check_media_refs(refs: list[tuple[str, str]], policy: MediaPolicy) -> None:
@@ -127,14 +131,16 @@ def _stage_generation_refs(body: Mapping) -> Iterator[tuple[str, str]]:
                 yield f"stage_params.generation.{key}{suffix}", item
 
 
-def check_chat_request(body: Mapping, policy: MediaPolicy) -> None:
+def check_chat_request(body: Mapping, policy: MediaPolicy) -> list[tuple[str, str]]:
     """Refuse (400) a chat request carrying any media reference ``policy`` does not allow, or
-    more media than its limits (``stage_params.generation`` media paths count too)."""
+    more media than its limits (``stage_params.generation`` media paths count too); the
+    references checked."""
     refs = list(iter_chat_media_refs(body))
-    check_media_refs([*refs, *_stage_generation_refs(body)], policy)
+    return check_media_refs([*refs, *_stage_generation_refs(body)], policy)
 
 
-def check_generation_options(options: Mapping, policy: MediaPolicy, *, prefix: str = "") -> None:
+def check_generation_options(options: Mapping, policy: MediaPolicy, *, prefix: str = ""
+                             ) -> list[tuple[str, str]]:
     """Refuse (400) generation options naming any media ``policy`` does not allow, or more
-    media than its limits."""
-    check_media_refs(iter_generation_media_refs(options, prefix=prefix), policy)
+    media than its limits; the references checked."""
+    return check_media_refs(iter_generation_media_refs(options, prefix=prefix), policy)

@@ -32,7 +32,22 @@ class AddressRefused(ValueError):
 
 
 class NoAddress(OSError):
-    """The host name does not resolve."""
+    """The host name does not resolve; ``temporary`` when the resolver failed rather than
+    answered that the name has no address (DNS did not answer: retrying may succeed)."""
+
+    def __init__(self, message: str, *, temporary: bool = False) -> None:
+        super().__init__(message)
+        self.temporary = temporary
+
+
+#: ``getaddrinfo`` errors that are the resolver's answer "this name has no address".
+_NO_SUCH_NAME = frozenset(getattr(socket, name) for name in
+                          ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY", "EAI_SERVICE")
+                          if hasattr(socket, name))
+
+
+def _temporary(exc: OSError) -> bool:
+    return isinstance(exc, socket.gaierror) and exc.errno not in _NO_SUCH_NAME
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -65,7 +80,10 @@ async def checked_addresses(
     else:
         try:
             answers = await (resolver or system_resolver)(url.host, port)
-        except OSError:
+        except OSError as exc:
+            if _temporary(exc):
+                raise NoAddress(f"the host {url.host!r} could not be resolved now (the name "
+                                "service failed)", temporary=True) from None
             raise NoAddress(f"the host {url.host!r} does not resolve") from None
     addresses: list[PinnedAddress] = []
     for answer in answers:

@@ -10,7 +10,8 @@ from typing import Protocol
 #: the plan (cannot finish before its deadline), a stage not running, text-only chat over the
 #: native admission sum, a request body that does not fit the server's body budget (counted by
 #: the HTTP layer).
-REFUSAL_REASONS = ("max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget")
+REFUSAL_REASONS = ("max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget",
+                   "direct_queue", "direct_plan", "direct_wait")
 
 
 class PipelineObserver(Protocol):

@@ -24,6 +24,7 @@ from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import (
     ConfigError,
+    NeedsRestart,
     OmniError,
     ServiceUnavailable,
     ShuttingDown,
@@ -235,8 +236,8 @@ class Orchestrator:
         if all(h.restarting or h.stalled for h in down):
             raise StageRestarting(f"stage(s) {names} exited or stopped answering and are "
                                   "restarting; retry in a few seconds")
-        raise ServiceUnavailable(f"stage(s) {names} are not running; the server is "
-                                 "unhealthy and needs a restart")
+        raise NeedsRestart(f"stage(s) {names} are not running; the server is unhealthy and "
+                           "needs a restart (retry on another server)")
 
     async def _call(self, stage: str, rid: str, payload: Mapping[str, Any],
                     frames: Frames) -> StageResult:

@@ -24,6 +24,7 @@ from sglang_omni.engines.actions import action_fields, plan_action
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import ServerError
 from sglang_omni.media.action_refs import action_media_refs
+from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
 from sglang_omni.models.cosmos3.action_metadata import action_metadata
 from sglang_omni.models.cosmos3.action_request import (
@@ -90,6 +91,7 @@ def add_action_routes(router: APIRouter, ctx: DirectContext) -> None:
         if request.state.body_format == MULTIPART:
             body = action_body_from_form(body, set(UPLOADS))
         body = check_action(ctx, body)
+        await admit_media(action_media_refs(body), ctx.policy)
         rid = ctx.new_rid()
         result = await ctx.call(request, rid, {"modality": "action", "request": body})
         if result is None:

@@ -132,7 +132,9 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
         stage."""
         report = orchestrator.health()
         ok = report["status"] == "ok"
-        headers = None if ok else {"Retry-After": str(config.server.retry_after_s)}
+        # "unhealthy" does not come back by itself: no Retry-After (NeedsRestart's rule)
+        retry = not ok and report["status"] != "unhealthy"
+        headers = {"Retry-After": str(config.server.retry_after_s)} if retry else None
         return JSONResponse(report, status_code=200 if ok else ServiceUnavailable.status,
                             headers=headers)
 

@@ -26,7 +26,9 @@ from typing import Any
 
 from starlette.requests import Request
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
+from sglang_omni.media.sniff import HEAD_BYTES, MIME_OF_FORMAT, sniff_format
 from sglang_omni.serve.body_budget import BodyBudget
 from sglang_omni.serve.msgpack_body import MSGPACK, read_msgpack_body
 from sglang_omni.serve.multipart_body import MULTIPART, URLENCODED, Form, Upload, read_form
@@ -76,7 +78,7 @@ def format_of(request: Request, extra: tuple[str, ...]) -> str:
     return JSON
 
 
-def _convert(key: str, text: str, schema: dict[str, Any] | None) -> Any:
+def _convert(key: str, text: str, schema: dict[str, Any] | None, max_depth: int) -> Any:
     kind = (schema or {}).get("type")
     try:
         if kind == "integer":
@@ -90,6 +92,9 @@ def _convert(key: str, text: str, schema: dict[str, Any] | None) -> Any:
             raise ValueError(text)
         if kind in ("array", "object") or schema is None:
             return json.loads(text)
+    except RecursionError:  # nested past what the decoder's recursion allows: too deep anyway
+        raise BadRequest(f"{key}: nested deeper than {max_depth} levels "
+                         "(server.max_json_depth); flatten it or raise the limit") from None
     except ValueError:
         if schema is None:
             return text
@@ -100,16 +105,21 @@ def _convert(key: str, text: str, schema: dict[str, Any] | None) -> Any:
 
 
 def data_url(upload: Upload) -> str:
-    """An upload as a ``data:`` URL; its type is the part's, else guessed from its name."""
+    """An upload as a ``data:`` URL; its type is the part's, else the one its leading bytes
+    show, else guessed from its name (a name's type is never checked against the bytes)."""
     mime = (upload.content_type or "").split(";", 1)[0].strip().lower()
     if not mime or mime == "application/octet-stream":
-        mime = mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
+        found = sniff_format(upload.data[:HEAD_BYTES])
+        mime = MIME_OF_FORMAT[found][0] if found is not None else \
+            mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
     return f"data:{mime};base64,{base64.b64encode(upload.data).decode()}"
 
 
-def form_value(form: Form, properties: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def form_value(form: Form, properties: dict[str, dict[str, Any]],
+               max_depth: int = ServerSettings.max_json_depth) -> dict[str, Any]:
     """The object a form stands for (see the module contract); ``properties`` are the JSON
-    schemas of the route model's fields."""
+    schemas of the route model's fields. A JSON field nested too deep to decode is a 400
+    (:func:`~sglang_omni.serve.request_body.check_wire_value` checks the depth of the rest)."""
     out: dict[str, Any] = {}
     items = [(k, v, False) for k, v in form.fields if v != ""]
     items += [(u.name, data_url(u), True) for u in form.files]
@@ -122,9 +132,9 @@ def form_value(form: Form, properties: dict[str, dict[str, Any]]) -> dict[str, A
         if upload:
             value: Any = text
         elif is_list:
-            value = _convert(key, text, items_schema or {"type": "string"})
+            value = _convert(key, text, items_schema or {"type": "string"}, max_depth)
         else:
-            value = _convert(key, text, schema)
+            value = _convert(key, text, schema, max_depth)
         if is_list:
             out.setdefault(key, [])
             if not isinstance(out[key], list):
@@ -157,9 +167,10 @@ async def _read_route_body(request: Request, extra: tuple[str, ...],
     kind = format_of(request, extra)
     if kind == MULTIPART:
         form = await read_form(request)
-        value = await asyncio.to_thread(form_value, form, properties) if form.files \
-            else form_value(form, properties)
-        check_wire_value(value, settings_of(request).max_json_depth)
+        max_depth = settings_of(request).max_json_depth
+        value = await asyncio.to_thread(form_value, form, properties, max_depth) \
+            if form.files else form_value(form, properties, max_depth)
+        check_wire_value(value, max_depth)
         return kind, value
     if kind == MSGPACK:
         return kind, await read_msgpack_body(request)

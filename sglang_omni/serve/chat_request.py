@@ -98,6 +98,12 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
             if stage not in known_stages:
                 raise BadRequest(f"{key}.{stage}: no such stage; this pipeline has "
                                  f"{', '.join(known_stages)}")
+    for stage in stage_sampling:
+        if stage != reasoner_stage:
+            raise BadRequest(f"stage_sampling.{stage}: only the {reasoner_stage} stage samples "
+                             f"tokens; put the {stage} stage's native fields (seed, guidance "
+                             f"and the like) under stage_params.{stage} and remove "
+                             f"stage_sampling.{stage}")
     refuse_single_completion_fields("", fields, stream)
     native_fields = stage_params.get(reasoner_stage, {})
     refuse_single_completion_fields(f"stage_params.{reasoner_stage}.", native_fields, stream)

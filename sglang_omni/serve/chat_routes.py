@@ -20,6 +20,7 @@ from starlette.background import BackgroundTask
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServiceUnavailable, is_client_error
 from sglang_omni.media import check_chat_request
+from sglang_omni.media.admission import admit_media
 from sglang_omni.pipeline.chat_admission import AdmissionTicket
 from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
@@ -52,7 +53,8 @@ def chat_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
         if req.include_progress:
             raise BadRequest("stream_options.include_progress: text-only chat runs no "
                              "generations, so it has no progress to send; leave it unset")
-        check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        refs = check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         return await _text_chat(request, orchestrator, req, req.model or served_name)
 

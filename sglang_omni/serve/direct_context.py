@@ -14,6 +14,7 @@ from sglang_omni.media.policy import MediaPolicy
 from sglang_omni.models.cosmos3.generation_limits import size_multiple
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.serve.direct_admission import DirectAdmission
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.image_store import ImageStore
 from sglang_omni.serve.request_log import note_rid
@@ -31,6 +32,14 @@ class DirectContext:
     videos: VideoJobs = field(default_factory=VideoJobs)
     images: ImageStore = field(default_factory=ImageStore)
     sessions: Sessions = field(default_factory=Sessions)
+    #: The image and action requests' queue on the generation stage.
+    admission: DirectAdmission = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.orchestrator.config.server
+        self.admission = DirectAdmission(
+            settings.max_direct_queue, settings.direct_wait_s,
+            lambda reason: self.orchestrator.observer.refused(reason))
 
     @property
     def policy(self) -> MediaPolicy:
@@ -62,9 +71,16 @@ class DirectContext:
 
     async def call(self, request: Request, rid: str,
                    payload: dict[str, Any]) -> StageResult | None:
-        """Run a generation for a waiting client; None when the client went away (aborted)."""
+        """Run a generation for a waiting client under :attr:`admission` (503 when refused);
+        None when the client went away (aborted, waiting or running)."""
+        self.stage()  # 503 at once while the server is unhealthy
+
+        async def admitted() -> StageResult:
+            async with self.admission.slot():
+                return await self.stage().call(rid, payload)
+
         try:
-            return await until_disconnect(request, self.stage().call(rid, payload))
+            return await until_disconnect(request, admitted())
         except ClientDisconnected:
             return None
 

@@ -51,10 +51,12 @@ GENERIC_500 = ("the server failed this request unexpectedly; the error is logged
 
 def error_response(exc: OmniError,
                    retry_after_s: int = ServerSettings.retry_after_s) -> Response:
-    """The JSON error answer. A 503 (every ServiceUnavailable) carries ``Retry-After``, a 408
-    or 413 ``Connection: close`` (the rest of that body is not read); the body is ASCII JSON,
-    so no message text can fail to encode."""
-    unavailable = isinstance(exc, ServiceUnavailable) or exc.status == ServiceUnavailable.status
+    """The JSON error answer. A 503 carries ``Retry-After`` unless the server will not come
+    back by itself (:class:`~sglang_omni.errors.NeedsRestart`), a 408 or 413 ``Connection:
+    close`` (the rest of that body is not read); the body is ASCII JSON, so no message text
+    can fail to encode."""
+    unavailable = exc.retry_later if isinstance(exc, ServiceUnavailable) \
+        else exc.status == ServiceUnavailable.status
     headers = {"Retry-After": str(retry_after_s)} if unavailable else {}
     if exc.status in CLOSE_AFTER:
         headers["Connection"] = "close"

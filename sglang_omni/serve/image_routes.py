@@ -21,6 +21,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from sglang_omni.errors import BadRequest
+from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
 from sglang_omni.models.cosmos3.generation_limits import check_generation_limits
 from sglang_omni.serve.body_formats import accepts
@@ -68,8 +69,9 @@ async def generate_image(request: Request, ctx: DirectContext, fields: dict[str,
         "inference_time_s": result.engine_s})
 
 
-def edit_image_ref(ctx: DirectContext, fields: dict[str, Any]) -> str:
-    """The one conditioning image of an edit, checked under the media policy."""
+def edit_image_ref(ctx: DirectContext, fields: dict[str, Any]) -> tuple[str, str]:
+    """``(label, reference)`` of the one conditioning image of an edit, checked under the
+    media policy."""
     if fields.get("mask") is not None:
         raise BadRequest("mask: Cosmos3 does not take an edit mask; remove it")
     if fields.get("num_frames") not in (None, 1):
@@ -90,7 +92,7 @@ def edit_image_ref(ctx: DirectContext, fields: dict[str, Any]) -> str:
         raise BadRequest(f"{refs[1][0]}: Cosmos3 conditions a generation on one image; send "
                          "one")
     check_media_refs(refs, ctx.policy)
-    return refs[0][1]
+    return refs[0]
 
 
 def add_image_routes(router: APIRouter, ctx: DirectContext) -> None:
@@ -110,7 +112,8 @@ def add_image_routes(router: APIRouter, ctx: DirectContext) -> None:
         """Generate one image conditioned on an uploaded or referenced image (a form; JSON
         with ``image``/``url`` as lists of media references works too)."""
         fields, options = split(flatten(body), EDIT_FIELDS, IMAGE_OPTIONS, "/v1/images/edits")
-        options["image_path"] = edit_image_ref(ctx, fields)
+        label, options["image_path"] = edit_image_ref(ctx, fields)
+        await admit_media([(label, options["image_path"])], ctx.policy)
         return await generate_image(request, ctx, fields, options)
 
     @router.get("/v1/images/{image_id}/content",

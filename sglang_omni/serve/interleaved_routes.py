@@ -18,6 +18,7 @@ from starlette.background import BackgroundTask
 
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import check_chat_request
+from sglang_omni.media.admission import admit_media
 from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
@@ -105,7 +106,8 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         as ``delta.segment`` chunks with ``stream: true``)."""
         req = parse_chat_request(body, known_stages=stage_names)
         check_model(req.model, served_name)
-        check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        refs = check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         model = req.model or served_name
         if req.response_format is not None:
@@ -129,7 +131,8 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         (or one JSON body with ``stream: false``)."""
         req = parse_generate_request(body, stage_names)
         check_model(req.model, served_name)
-        check_chat_request(req.chat_body, orchestrator.policy)
+        await admit_media(check_chat_request(req.chat_body, orchestrator.policy),
+                          orchestrator.policy)
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
         note_rid(rid)

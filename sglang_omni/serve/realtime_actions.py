@@ -28,6 +28,8 @@ from fastapi import APIRouter, WebSocket
 
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
+from sglang_omni.media.action_refs import action_media_refs
+from sglang_omni.media.admission import admit_media
 from sglang_omni.serve.action_routes import action_answer, check_action, metadata_of
 from sglang_omni.serve.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.direct_context import DirectContext
@@ -103,6 +105,7 @@ async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
     if not isinstance(body, dict):
         raise BadRequest("each message is one action request: a msgpack map")
     body = check_action(ctx, body)
+    await admit_media(action_media_refs(body), ctx.policy)
     infer_started = time.monotonic()
     result = await _run(ctx, websocket, body, held)
     answer = dict(with_native_arrays(action_answer(ctx, result, body)))

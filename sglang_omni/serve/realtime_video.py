@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from fastapi import APIRouter, WebSocket
 from sglang_omni.engines.generation_options import DEFAULT_VIDEO_FRAMES
 from sglang_omni.engines.synth_media import decode_mp4_frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
+from sglang_omni.media.admission import admit_media
 from sglang_omni.media.encode import encode_png
 from sglang_omni.serve.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct_fields import VIDEO_FIELDS, flatten, split
@@ -119,6 +121,10 @@ def start_session(ctx: DirectContext, value: Any) -> Session:
         body["num_frames"] = DEFAULT_VIDEO_FRAMES
     fields, options = split(body, VIDEO_FIELDS, VIDEO_OPTIONS, ROUTE)
     plan = plan_video(ctx, fields, options)
+    if first_frame is not None:  # refusals name the field the client sent
+        plan = dataclasses.replace(plan, media=tuple(
+            ("first_frame" if label == "input_reference" else label, ref)
+            for label, ref in plan.media))
     return Session(plan, plan.prompt, max_chunks)
 
 
@@ -142,7 +148,9 @@ async def _init(ctx: DirectContext, websocket: WebSocket) -> Session | None:
         if message is None:
             return None
         try:
-            return start_session(ctx, decode(websocket, message, binary_ok={"first_frame"}))
+            session = start_session(ctx, decode(websocket, message, binary_ok={"first_frame"}))
+            await admit_media(session.plan.media, ctx.policy)
+            return session
         except OmniError as exc:
             await _error(websocket, "invalid generate request", exc)
 

@@ -105,6 +105,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     import uvicorn
 
     from sglang_omni.errors import ConfigError
+    from sglang_omni.runtime.allocator import bound_large_allocations
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
     from sglang_omni.serve.head_limit import HeadLimit
@@ -114,6 +115,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     configure_logging(log_level, log_format)
     if not log_polls:
         quiet_polls()
+    bound_large_allocations()  # before the stages start: they inherit it
     started = time.monotonic()
     url = display_url(host, port)
     holder: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 
 from sglang_omni.engines.generation_options import DEFAULT_FPS
 from sglang_omni.errors import BadRequest, NotFound
+from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_generation_options
 from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, default_size
 from sglang_omni.serve.body_formats import accepts
@@ -50,11 +51,14 @@ class VideoPlan:
     options: dict[str, Any]
     size: str
     seconds: str
+    #: ``(label, reference)`` of every media reference, labelled by the client's field.
+    media: tuple[tuple[str, str], ...] = ()
 
 
 def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, Any]) -> VideoPlan:
     """The generation a video request asks for; 400 (media policy, options, limits) before any
     work. ``fields``/``options`` are :func:`~sglang_omni.serve.direct_fields.split`'s."""
+    named: dict[str, str] = {}  # reference -> the client's field that gave it
     for key in REFERENCES:
         ref = fields.get(key)
         if ref is None:
@@ -62,13 +66,15 @@ def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, An
         if not isinstance(ref, str):
             raise BadRequest(f"{key}: expected a media path or URL string")
         ctx.policy.check(ref, label=key)
+        named.setdefault(ref, key)
         target = "video_path" if key in ("video_url", "video_reference") or is_video_source(ref) \
             else "image_path"
         options.setdefault(target, ref)
     if options.get("action_mode") not in (None, "forward_dynamics"):
         raise BadRequest("action_mode: action-producing policy and inverse-dynamics "
                          "requests use /v1/actions/generations; /v1/videos is for videos")
-    check_generation_options(options, ctx.policy)
+    media = tuple((named.get(ref, label), ref)
+                  for label, ref in check_generation_options(options, ctx.policy))
     fps = options.setdefault("fps", DEFAULT_FPS)
     seconds = DEFAULT_SECONDS if fields.get("seconds") is None else fields["seconds"]
     if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:
@@ -79,7 +85,7 @@ def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, An
     check_generation_limits(options, ctx.settings, video=True, multiple=ctx.multiple)
     width, height = default_size(ctx.backend)  # what the engine makes of a side left out
     size = f"{options.get('width', width)}x{options.get('height', height)}"
-    return VideoPlan(fields["prompt"], options, size, str(round(frames / fps)))
+    return VideoPlan(fields["prompt"], options, size, str(round(frames / fps)), media)
 
 
 def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
@@ -93,6 +99,7 @@ def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
         content."""
         fields, options = split(flatten(body), VIDEO_FIELDS, VIDEO_OPTIONS, "/v1/videos")
         plan = plan_video(ctx, fields, options)
+        await admit_media(plan.media, ctx.policy)
         handle = ctx.stage()
         job = VideoJob(ctx.new_rid(), fields.get("model") or ctx.served_name, plan.size,
                        plan.seconds)

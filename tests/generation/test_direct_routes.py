@@ -243,6 +243,20 @@ def test_action_route_reads_json_forms_and_msgpack_only(server: Server) -> None:
     assert "application/msgpack" in error_of(resp)["message"]
 
 
+@pytest.mark.parametrize("field", ["parameters", "input", "extra_body", "anything"])
+@pytest.mark.parametrize("levels", [70, 100_000])
+def test_action_form_field_nested_too_deep_is_400(server: Server, field: str,
+                                                  levels: int) -> None:
+    """A form field holding JSON nested past server.max_json_depth is the client's error at any
+    depth (100,000 levels broke the JSON decoder's recursion: a 500)."""
+    deep = "[" * levels + "]" * levels
+    resp = HTTP.post(f"{server.url}/v1/actions/generations",
+                     data={"prompt": "t", field: deep})
+    assert resp.status_code == 400, resp.text
+    assert "max_json_depth" in error_of(resp)["message"]
+    assert "RecursionError" not in server.log()
+
+
 # --- the routes this pipeline does not serve ---------------------------------------------------
 def test_generate_stream_and_chat_are_refused(server: Server) -> None:
     resp = HTTP.post(f"{server.url}/generate", json={"prompt": "hi", "stream": True})

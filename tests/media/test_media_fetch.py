@@ -149,11 +149,22 @@ def test_404_is_400(media_server: MediaServer, tmp_path: Path) -> None:
     assert err.to_body()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("path", ["/error", "/unavailable", "/gzip", "/big-declared"])
+@pytest.mark.parametrize("path", ["/error", "/unavailable"])
 def test_server_errors_are_500(media_server: MediaServer, tmp_path: Path, path: str) -> None:
     pol = policy("127.0.0.1", max_file_size_mb=SMALL_MB)
     err = fail(tmp_path, media_server.url("127.0.0.1", path), pol, MediaFetchFailed, 500)
     assert err.to_body()["error"]["type"] == "server_error"
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("/gzip", "compressed body"), ("/big-declared", "larger than the 0.01 MB limit")])
+def test_media_the_client_chose_badly_is_400(media_server: MediaServer, tmp_path: Path,
+                                             path: str, says: str) -> None:
+    """Media over media_url_max_file_size_mb or sent compressed: the client named it, so 400."""
+    pol = policy("127.0.0.1", max_file_size_mb=SMALL_MB)
+    err = fail(tmp_path, media_server.url("127.0.0.1", path), pol, MediaRefused, 400)
+    assert err.to_body()["error"]["type"] == "invalid_request_error"
+    assert says in err.message
 
 
 def test_connection_refused_is_500(tmp_path: Path) -> None:
@@ -180,7 +191,7 @@ def test_trickling_host_hits_the_deadline(media_server: MediaServer, tmp_path: P
 
 def test_endless_body_cut_off_near_the_limit(media_server: MediaServer, tmp_path: Path) -> None:
     pol = policy("127.0.0.1", max_file_size_mb=SMALL_MB)
-    err = fail(tmp_path, media_server.url("127.0.0.1", "/endless"), pol, MediaFetchFailed, 500)
+    err = fail(tmp_path, media_server.url("127.0.0.1", "/endless"), pol, MediaRefused, 400)
     assert "larger than the 0.01 MB limit" in err.message
     assert media_server.state.endless_done.wait(5), "the server kept sending"
     sent = media_server.state.endless_sent
@@ -274,11 +285,10 @@ def test_load_bytes_fetches_with_limits(media_server: MediaServer, tmp_path: Pat
                 )
                 == PNG
             )
-            with pytest.raises(MediaFetchFailed) as info:
+            with pytest.raises(MediaRefused, match="larger than"):
                 await load_bytes(
                     media_server.url("127.0.0.1", "/endless"), pol, workdir, label=LABEL
                 )
-            assert info.value.status == 500
             with pytest.raises(MediaFetchFailed) as info:
                 await load_bytes(
                     media_server.url("127.0.0.1", "/missing"), pol, workdir, label=LABEL

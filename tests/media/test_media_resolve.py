@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import socket
 from pathlib import Path
 
 import pytest
@@ -104,14 +105,30 @@ def test_unreachable_first_address_falls_back_to_the_next(media_server: MediaSer
     assert fetch(media_server.url("store.test", "/ok.png"), quick("store.test"), dns) == PNG
 
 
-def test_unresolvable_name_is_500_without_internals(media_server: MediaServer) -> None:
-    class NoDNS(FakeDNS):
-        async def __call__(self, host: str, port: int) -> list[str]:
-            raise OSError(-2, "Name or service not known (secret detail)")
+class NoDNS(FakeDNS):
+    """A resolver failing with ``getaddrinfo``'s ``error``."""
 
+    def __init__(self, error: int) -> None:
+        super().__init__()
+        self.error = error
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        raise socket.gaierror(self.error, "Name or service not known (secret detail)")
+
+
+def test_unresolvable_name_is_the_clients_400_without_internals(
+        media_server: MediaServer) -> None:
+    """A name with no address: the client named it (the same 400 as at admission)."""
+    with pytest.raises(MediaRefused) as info:
+        fetch(media_server.url("nowhere.test", "/ok.png"), quick(), NoDNS(socket.EAI_NONAME))
+    assert info.value.status == 400 and "does not resolve" in info.value.message
+    assert "secret detail" not in info.value.message
+
+
+def test_a_failing_name_service_is_500(media_server: MediaServer) -> None:
     with pytest.raises(MediaFetchFailed) as info:
-        fetch(media_server.url("nowhere.test", "/ok.png"), quick(), NoDNS())
-    assert info.value.status == 500 and "does not resolve" in info.value.message
+        fetch(media_server.url("nowhere.test", "/ok.png"), quick(), NoDNS(socket.EAI_AGAIN))
+    assert info.value.status == 500 and "could not be resolved now" in info.value.message
     assert "secret detail" not in info.value.message
 
 

@@ -100,7 +100,9 @@ def refused(resp: httpx.Response, *needles: str, status: int = 400) -> str:
 
 
 def data_url(size: int) -> str:
-    return "data:image/png;base64," + base64.b64encode(b"\0" * size).decode()
+    """A data: URL of ``size`` bytes that start as a PNG (admission checks the leading bytes)."""
+    head = b"\x89PNG\r\n\x1a\n"
+    return "data:image/png;base64," + base64.b64encode(head + b"\0" * (size - len(head))).decode()
 
 
 # --- addresses ---------------------------------------------------------------------------------
@@ -196,8 +198,14 @@ def test_oversize_media_host_cut_off_at_the_request_limit(guarded: Server,
             f"--server.max_media_bytes {MAX_MEDIA_BYTES}")
     assert hosts.state.endless_done.wait(10), "the media host kept sending"
     assert hosts.state.endless_sent < 4 * 1024 * 1024  # the fetch hung up near the limit
-    refused(chat(guarded, hosts.url("127.0.0.1", "/big-declared")), LABEL, "larger than",
-            status=500)
+    refused(chat(guarded, hosts.url("127.0.0.1", "/big-declared")), LABEL,
+            "larger than the 64 MB limit (media_url_max_file_size_mb)")
+
+
+def test_compressed_media_is_the_clients_400(guarded: Server, hosts: MediaServer) -> None:
+    """A media host that sends Content-Encoding: gzip: the client named that media (a 500 said
+    the server failed)."""
+    refused(chat(guarded, hosts.url("127.0.0.1", "/gzip")), LABEL, "compressed body")
 
 
 def test_slowloris_media_host_hits_the_fetch_deadline(guarded: Server,

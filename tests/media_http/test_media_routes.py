@@ -93,7 +93,8 @@ def test_redirect_to_unlisted_host_refused(server: Server, hosts: MediaServer) -
 
 
 @pytest.mark.parametrize(("path", "status"), [("/missing", 400), ("/error", 500),
-                                              ("/loop", 500), ("/endless", 500)])
+                                              ("/loop", 500), ("/endless", 400),
+                                              ("/big-declared", 400), ("/gzip", 400)])
 def test_fetch_failures_map_to_status(server: Server, hosts: MediaServer, tmpdir_env: Path,
                                       path: str, status: int) -> None:
     resp = chat(server, hosts.url("127.0.0.1", path))

@@ -184,7 +184,8 @@ def _refusals(s: dict[str, Scrape]) -> None:
     after = s["after"]
     assert after.value("sgl_omni_admission_refusals_total", reason="max_active") == 1
     assert after.labels("sgl_omni_admission_refusals_total", "reason") == {
-        "max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget"}
+        "max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget",
+        "direct_queue", "direct_plan", "direct_wait"}
     assert s["chat"].value("sgl_omni_admission_refusals_total", reason="chat_queue") == 1
 
 

@@ -231,9 +231,13 @@ def test_restart_budget_exceeded_leaves_the_server_unhealthy() -> None:
         time.sleep(1.5)  # well past the backoff: nothing restarts it
         resp = health(server)
         assert resp.status_code == 503 and resp.json()["status"] == "unhealthy"
-        status, raw = post_chat(server, chat_body("hi"))
-        assert status == 503
-        assert "needs a restart" in json.loads(raw)["error"]["message"]
+        # the server will not come back by itself: nothing tells a client to retry it
+        assert "Retry-After" not in resp.headers
+        refused = HTTP.post(f"{server.url}/v1/chat/completions", json=chat_body("hi"),
+                            timeout=60)
+        assert refused.status_code == 503
+        assert "needs a restart" in refused.json()["error"]["message"]
+        assert "Retry-After" not in refused.headers
         assert restarts(server, "reasoner") == 1
         assert "max_restarts" in server.log()
 

@@ -251,6 +251,19 @@ def test_length_and_stop_settings_never_reach_a_decision(server: Server) -> None
     assert json.loads(resp.json()["text"]) == {"temperature": 0.0}
 
 
+def test_sampling_for_the_generation_stage_is_refused_naming_the_field(server: Server) -> None:
+    """Only the Reasoner samples tokens: stage_sampling.generation was silently ignored."""
+    before = counts(server)
+    resp = post_generate(server, {"prompt": script(image("x"), final("no")),
+                                  "stage_sampling": {"generation": {"seed": 3}},
+                                  "stage_params": {"generation": SMALL}})
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert message.startswith("stage_sampling.generation:")
+    assert "stage_params.generation" in message
+    assert counts(server) == before
+
+
 # --- 10. rollout artifacts -----------------------------------------------------------------------
 @pytest.mark.parametrize("extra", [{}, {"return_logprob": False},
                                    {"return_logprob": None, "return_hidden_states": False}])

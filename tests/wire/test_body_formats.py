@@ -133,6 +133,15 @@ def test_uploads_become_data_urls_and_lists_collect() -> None:
         form_value(Form([("prompt", "a"), ("prompt", "b")], []), EDIT)
 
 
+def test_an_untyped_upload_takes_the_type_its_bytes_show_not_its_name() -> None:
+    """Admission refuses bytes of another type than declared; a name is no declaration."""
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
+    for content_type in (None, "application/octet-stream"):
+        upload = Upload("image", "photo.jpg", content_type, png)
+        assert data_url(upload).startswith("data:image/png;base64,")
+    assert data_url(Upload("image", "notes.txt", None, b"hello")).startswith("data:text/plain")
+
+
 def test_the_openapi_entry_names_the_formats() -> None:
     extra = accepts("multipart/form-data", "application/msgpack", uploads=("image",))
     assert formats_of(extra) == ("multipart/form-data", "application/msgpack")

@@ -14,6 +14,9 @@ from tests.server import Server
 DROID = {"domain_name": "droid_lerobot", "raw_action_dim": 8}
 HUGE = "!size=100000000000000000000"  # the scripted generator fails with an OverflowError
 
+#: The leading bytes of an MP4 (admission checks what inline media are).
+MP4_CLIP = "data:video/mp4;base64,AAAAGGZ0eXBpc29tAAAAAAAAAAAAAAAA"
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -152,7 +155,7 @@ def test_video_jobs_always_serialize(server: Server) -> None:
 
 def test_a_valid_action_still_runs(server: Server) -> None:
     resp = HTTP.post(f"{server.url}/v1/actions/generations", json={
-        "input": {"task": "pick", "video": {"url": "data:video/mp4;base64,AAAA"}},
+        "input": {"task": "pick", "video": {"url": MP4_CLIP}},
         "parameters": {**DROID, "action_mode": "inverse_dynamics"}})
     assert resp.status_code == 200, resp.text
     assert resp.json()["data"][0]["action"]["shape"] == [16, 8]
@@ -190,7 +193,7 @@ def test_the_action_horizon_follows_num_frames_and_the_prompt_the_observation(
 
 def test_action_route_counts_media_against_the_request_limit() -> None:
     with scripted_server("--server.max_media_parts", "1") as srv:
-        clip = "data:video/mp4;base64,AAAA"
+        clip = MP4_CLIP
         refused_before_work(srv, "/v1/actions/generations", {
             "input": {"task": "pick", "video": clip, "observation": {"video": clip}},
             "parameters": {**DROID, "action_mode": "inverse_dynamics"}},

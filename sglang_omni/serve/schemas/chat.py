@@ -116,7 +116,9 @@ class ChatFields(SamplingFields):  # type: ignore[misc,valid-type]
     videos: Annotated[Any, VIDEOS] = None
     stage_params: Annotated[Any, STAGE_PARAMS] = Field(
         None, description='native fields per stage, e.g. {"generation": {"width": 640}}')
-    stage_sampling: Annotated[Any, STAGE_SAMPLING] = None
+    stage_sampling: Annotated[Any, STAGE_SAMPLING] = Field(
+        None, description='sampling fields of the Reasoner, e.g. {"reasoner": {"top_p": 0.9}}; '
+        "any other stage is refused (its fields go under stage_params)")
 
 
 class ChatCompletionRequest(ChatFields):
