@@ -219,9 +219,13 @@ class HFReasoner(ThreadedModelEngine):
         before = self.contexts.stats()
         prepared = time.perf_counter()
         with torch.inference_mode():
-            prompt = build_prompt(self.processor, self.model, conversation, self.contexts,
-                                  job.rid, job.cancelled)
-            cache, reused = prefill(self.model, prompt, self.contexts.take_kv(job.rid))
+            with job.timed("media"):  # reading, preprocessing and encoding the media
+                prompt = build_prompt(self.processor, self.model, conversation, self.contexts,
+                                      job.rid, job.cancelled)
+                self._settle()
+            with job.timed("prefill"):  # what the prompt adds to the kept K/V
+                cache, reused = prefill(self.model, prompt, self.contexts.take_kv(job.rid))
+                self._settle()
         prompt_len = prompt.length
         self.contexts.count_prefill(reused, prompt_len - reused)
         if job.cancelled.is_set():
@@ -283,7 +287,7 @@ class HFReasoner(ThreadedModelEngine):
         decoder = self.decoder if supports(kwargs) else None
         fast = decoder is not None
         input_ids = prompt.ids.to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), job.timed("decode"):
             if decoder is not None:
                 output = static_generate(decoder, {"input_ids": input_ids}, prefilled=cache,
                                          **kwargs)
@@ -324,6 +328,13 @@ class HFReasoner(ThreadedModelEngine):
         self._log_turn(job, prompt_len, len(new), time.perf_counter() - prepared, fast)
         self._log_context(job, reused, prompt_len, started - prepared, before)
         return StageResult(result)
+
+    def _settle(self) -> None:
+        """Wait for the GPU's queued work, so a span's end is its work's end."""
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _log_turn(self, job: Job, prompt_len: int, new: int, seconds: float,
                   fast: bool) -> None:
