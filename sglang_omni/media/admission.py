@@ -102,7 +102,10 @@ def check_inline_content(label: str, ref: str, media: InlineMedia, policy: Media
     that reads as a path gets the local-path refusal instead."""
     head = binascii.a2b_base64(media.payload.payload[:_HEAD_CHARS])
     found = sniff_format(head)
-    if found is None:
+    # An MPEG audio frame is told by 11 sync bits alone, which many strings decode to
+    # ("//etc/passwd" does): for a bare string that reads as a path, that is no evidence.
+    weak = found == "mp3" and not head.startswith(b"ID3")
+    if found is None or (weak and media.payload.mime is None and ref.startswith(_PATH_STARTS)):
         if media.payload.mime is None and ref.startswith(_PATH_STARTS):
             raise _as_path(label, ref, policy)
         raise MediaRefused(f"{label}: the inline media is not an image or video this server "

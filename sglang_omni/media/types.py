@@ -3,6 +3,8 @@ limit, and the sniffer that tells a type from its leading bytes."""
 
 from __future__ import annotations
 
+from sglang_omni.media.sniff import HEAD_BYTES, MIME_OF_FORMAT, sniff_format
+
 INLINE_LIMIT = 8 * 1024 * 1024
 """The largest media item (bytes) carried inline in a response or a stage payload."""
 
@@ -14,16 +16,12 @@ MIME_BY_KIND: dict[str, tuple[str, ...]] = {
 
 
 def sniff_mime(data: bytes) -> str | None:
-    """The media type the leading bytes show: image/png, image/jpeg, image/webp, video/mp4."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if len(data) >= 12 and data[4:8] == b"ftyp":
-        return "video/mp4"
-    return None
+    """The media type the leading bytes show among those moved inline (``MIME_BY_KIND``):
+    image/png, image/jpeg, image/webp, video/mp4; None for any other (magic numbers:
+    ``media.sniff``)."""
+    found = sniff_format(data[:HEAD_BYTES])
+    mime = MIME_OF_FORMAT[found][0] if found is not None else None
+    return mime if any(mime in mimes for mimes in MIME_BY_KIND.values()) else None
 
 
 def media_type_of(kind: str, data: bytes | bytearray) -> str | None:

@@ -5,6 +5,7 @@ are installed installs nothing; ``VENV_FLAGS`` reaches ``python -m venv``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,8 +13,11 @@ ROOT = Path(__file__).parents[2]
 
 
 def make_n(target: str, venv: Path, *args: str) -> list[str]:
-    done = subprocess.run(["make", "-n", target, f"VENV={venv}", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    # Run as a top-level make: under `make test` the inherited MAKELEVEL and MAKEFLAGS would make
+    # it a sub-make that prints "Entering/Leaving directory" lines around its commands.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 

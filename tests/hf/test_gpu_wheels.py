@@ -38,6 +38,7 @@ OPTIONAL_WHEN_INSTALLED = {
     "watchfiles": "uvicorn's reloader",
     "sniffio": "the HTTP clients' async library detection",
     "google": "transformers' protobuf availability check",
+    "colorama": "tqdm's terminal colours",
 }
 
 

@@ -101,8 +101,10 @@ def test_a_video_asked_early_sends_the_reasoner_copy_before_the_client_mp4(
     final = loop.run(generator.run(job))
     assert final.frames == plain.frames
     ((early, (copy,)),) = sent
-    assert early == {"early_result": {"media": [{"kind": "video", "mime_type": "video/mp4",
-                                                 "frame": 0}], "reason": None}}
+    assert early["early_result"] == {"media": [{"kind": "video", "mime_type": "video/mp4",
+                                                "frame": 0}], "reason": None}
+    # the job's spans so far ride with it: the steps, the VAE decode and the copy's encode
+    assert set(early["spans"]) == {"denoise", "vae_decode", "encode"}, early
     assert copy != final.frames[0]
     with av.open(io.BytesIO(copy)) as container:
         kinds = sorted(s.type for s in container.streams)
