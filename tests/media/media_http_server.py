@@ -11,6 +11,8 @@ import io
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -177,3 +179,21 @@ def bind_pair(handler: type[Handler]) -> list[ThreadingHTTPServer]:
             continue
         return [first, second]
     raise RuntimeError("could not bind the same port on 127.0.0.1 and 127.0.0.2")
+
+
+@contextmanager
+def serving() -> Iterator[MediaServer]:
+    """The media hosts on 127.0.0.1 and 127.0.0.2 (one port), serving until the block ends."""
+    state = ServerState()
+    servers = bind_pair(type("Handler", (Handler,), {"state": state}))
+    for srv in servers:
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+    try:
+        yield MediaServer(port=servers[0].server_address[1], state=state)
+    finally:
+        state.stop.set()
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()

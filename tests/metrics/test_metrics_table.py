@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.kit import script, wait_until
-from tests.media.media_http_server import PNG, Handler, MediaServer, ServerState, bind_pair
+from tests.media.media_http_server import PNG, MediaServer, serving
 from tests.metrics.kit import Scrape, family_name, table
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 from tests.umm.kit import SMALL, final, image, video
@@ -30,18 +30,8 @@ GEN = {"stage_params": {"generation": SMALL}}
 
 @pytest.fixture(scope="module")
 def media_host() -> Iterator[MediaServer]:
-    state = ServerState()
-    handler = type("Handler", (Handler,), {"state": state})
-    servers = bind_pair(handler)
-    for srv in servers:
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-    yield MediaServer(port=servers[0].server_address[1], state=state)
-    state.stop.set()
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    with serving() as host:
+        yield host
 
 
 def generate(server: Server, prompt: str, **extra: Any) -> httpx.Response:

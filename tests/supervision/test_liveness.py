@@ -9,7 +9,6 @@ progress (a Reasoner decoding for longer than the timeout) is never taken for hu
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -23,7 +22,7 @@ from sglang_omni.runtime.supervisor import (
     RestartPolicy,
     default_progress_timeout_s,
 )
-from tests.media.media_http_server import Handler, MediaServer, ServerState, bind_pair
+from tests.media.media_http_server import MediaServer, serving
 from tests.server import SCRIPTED_UMM, Server
 from tests.supervision.kit import (
     ENDS_WITHIN_S,
@@ -167,17 +166,8 @@ def test_default_progress_timeouts_by_backend() -> None:
 @pytest.fixture
 def trickling_host() -> Iterator[MediaServer]:
     """A loopback media host; ``/trickle`` sends a byte every 50 ms for 5 s."""
-    state = ServerState()
-    servers = bind_pair(type("Handler", (Handler,), {"state": state}))
-    for srv in servers:
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-    yield MediaServer(port=servers[0].server_address[1], state=state)
-    state.stop.set()
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    with serving() as host:
+        yield host
 
 
 def test_a_stage_receiving_media_is_not_taken_for_hung(trickling_host: MediaServer) -> None:
