@@ -415,7 +415,7 @@ class OmniGateway:
         request until a replica admits it (while the waiting room has a place), and the replica
         count its deadline from then. ``rid`` (a client's) is pinned to the replica that takes
         it; ``pin`` sends the call to that replica."""
-        kwargs: dict[str, Any] = {"exclude": list(tried)}
+        kwargs: dict[str, Any] = {"exclude": list(tried), "call_id": uuid.uuid4().hex}
         if pin is not None:
             kwargs["replica"] = pin
         waiting = False

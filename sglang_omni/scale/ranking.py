@@ -4,8 +4,10 @@ Each replica reports routing stats (:mod:`~sglang_omni.scale.stats`): its health
 flight and, for the interleaved pipeline, its planner's quote (what admission would give a new
 request now: :class:`~sglang_omni.pipeline.planner_events.Quote`). Stats are some tenths of a
 second old when a request is routed, so the router corrects them with what it saw since they were
-recorded (:class:`Since`): each request it sent since (``unseen``) holds the replica's stage as
-long as the plan of an admitted request would, ``idle`` generations of ``generation_s`` at worst;
+recorded (:class:`Since`): each request it sent that the stats do not count yet (``unseen``;
+the replica lists the calls it holds), and each the replica holds on a planned route but its
+planner has not admitted yet, holds the replica's stage as long as the plan of an admitted request
+would, ``idle`` generations of ``generation_s`` at worst;
 each request in the stats that has ended since (``ended``) gives back its share of the stage's
 planned time (the planned time is shared out evenly over the planner's active requests: the stats
 do not say which request holds how much).
@@ -53,8 +55,9 @@ UNKNOWN = Standing(True, math.inf, 1 << 30)
 
 @dataclass(frozen=True)
 class Since:
-    """What the router saw of a replica since its stats were recorded: requests it sent that
-    are still running (``unseen``), and requests it sent before that have ended (``ended``)."""
+    """What the router saw of a replica beyond its stats: requests it sent that are running but
+    not counted in them (``unseen``), and requests counted in them that have ended since
+    (``ended``)."""
 
     unseen: int = 0
     ended: int = 0
@@ -81,7 +84,11 @@ def standing(stats: Mapping[str, Any] | None, since: Since, now: float,
     active = int(quote.get("active", 0))
     if since.ended and active:
         planned *= max(0, active - since.ended) / active
-    free_in = planned + since.unseen * int(quote["idle"]) * float(generation_s)
+    # requests the replica holds on a planned route but its planner does not (yet): on their
+    # way to admission, they will hold the stage as an admitted one does (less those ended
+    # since: stats recorded while a request was being admitted must not outlive it)
+    admitting = max(0, int(stats.get("planned_in_flight", 0)) - active - since.ended)
+    free_in = planned + (since.unseen + admitting) * int(quote["idle"]) * float(generation_s)
     horizon = quote.get("horizon_s")
     if horizon is None:  # nothing measured yet (admits), or no generation fits (refuses)
         refuses = bool(quote["refused"])

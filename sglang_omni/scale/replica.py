@@ -79,15 +79,19 @@ class OmniReplica:
 
     async def call(self, request: dict[str, Any], exclude: list[str] | None = None,
                    arrived_at: float | None = None, may_wait: bool = True,
-                   replica: str | None = None) -> AsyncIterator[str | list[Message]]:
+                   replica: str | None = None, call_id: str | None = None
+                   ) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
         in batches, then :data:`STREAM_END`. ``exclude``, ``may_wait`` and ``replica`` are for
         the router (replicas that refused it; whether it may wait for one; the replica it is
-        pinned to), not used here;
+        pinned to), not used here; ``call_id`` (the gateway's id of this call) is listed in
+        the routing stats while the call runs;
         ``arrived_at`` (wall clock) is when a planned request reached the gateway: its
         deadline counts from then (:mod:`~sglang_omni.serve.fleet_queue`)."""
         path = request["path"]
-        self.stats.started(path)  # before the first yield: the stats count it from now
+        planned = arrived_at is not None
+        # before the first yield: the stats count it from now
+        self.stats.started(path, call_id, planned)
         scope = http_scope(request)
         if arrived_at is not None:
             scope[WAITED_S_KEY] = max(0.0, time.time() - float(arrived_at))
@@ -100,7 +104,7 @@ class OmniReplica:
                 yield batch
             yield STREAM_END
         finally:
-            self.stats.ended(path)
+            self.stats.ended(path, call_id, planned)
 
     async def websocket(self, request: dict[str, Any], session: str
                         ) -> AsyncIterator[str | list[Message]]:

@@ -31,8 +31,9 @@ from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wa
 FORGET_S = 3600.0
 #: Seconds after which a request chosen for a replica but never sent there is forgotten.
 UNSENT_S = 10.0
-#: Seconds a chosen request may take to reach its replica: one chosen this long before the
-#: replica recorded its stats is taken as in them.
+#: For a call without a ``call_id`` (or stats without ``calls``): seconds a chosen request may
+#: take to reach its replica; one chosen this long before the replica recorded its stats is
+#: taken as in them.
 TRANSIT_S = 0.1
 
 
@@ -65,6 +66,14 @@ def waited(pending: PendingRequest | None, now: float) -> float | None:
     clock), or None for a request the gateway does not let wait (not a planned route)."""
     arrived = pending.kwargs.get("arrived_at") if pending is not None else None
     return None if arrived is None else max(0.0, now - float(arrived))
+
+
+def call_id(pending: PendingRequest | None) -> str | None:
+    """The id the gateway gave this call (its ``call_id`` keyword); the replica lists the ids of
+    the calls it holds in its stats (``calls``), so the router knows which of its sends the
+    stats already count."""
+    value = pending.kwargs.get("call_id") if pending is not None else None
+    return None if value is None else str(value)
 
 
 def _by_id(replicas: list[RunningReplica]) -> dict[str, RunningReplica]:
@@ -101,7 +110,8 @@ class DeadlineRouter(RequestRouter):
         self._where: dict[str, str] = {}  # request id -> the replica its call is filed under
         self._rng = random.Random()
 
-    def _file(self, key: str, rid: str, now: float, sent: bool) -> None:
+    def _file(self, key: str, rid: str, now: float, sent: bool,
+              pending: PendingRequest | None) -> None:
         """File request ``rid`` under replica ``key`` (moving it from where it was; a request
         whose calls all ended, retried, starts afresh)."""
         old = self._where.get(rid)
@@ -109,13 +119,14 @@ class DeadlineRouter(RequestRouter):
         if call is None or call.ended is not None:
             call = _Call(now)
         call.sent_for_sure = call.sent_for_sure or sent
+        call.call_id = call_id(pending) or call.call_id
         self._calls.setdefault(key, {})[rid] = call
         self._where[rid] = key
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
         rid = pending_request.metadata.internal_request_id
-        self._file(replica_id.unique_id, rid, time.time(), sent=True)
+        self._file(replica_id.unique_id, rid, time.time(), sent=True, pending=pending_request)
         self._calls[replica_id.unique_id][rid].open += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
@@ -129,20 +140,32 @@ class DeadlineRouter(RequestRouter):
                 call.ended = time.time()
 
     def _since(self, key: str, stats: dict[str, Any] | None, now: float) -> Since:
-        """Correct the replica's stats by its calls; forget calls the stats already show
-        ended, chosen but never sent, or older than :data:`FORGET_S`."""
+        """Correct the replica's stats by its calls; forget calls the stats no longer count
+        (ended, or never arrived), chosen but never sent, or older than :data:`FORGET_S`.
+
+        A call is in the stats when its id is among the stats' ``calls`` (the replica lists the
+        calls it holds); for a call without an id, when it was chosen :data:`TRANSIT_S` before
+        the stats were recorded. A call in flight that the stats do not count (still on its way) is
+        ``unseen``; one that ended but is still counted there is
+        ``ended``."""
         calls = self._calls.get(key)
         if not calls:
             return Since()
         at = float(stats.get("at", 0.0)) if stats else 0.0
+        held = stats.get("calls") if stats else None
         unseen = ended = 0
         for rid, call in list(calls.items()):
-            if ((call.ended is not None and call.ended <= at) or now - call.sent > FORGET_S
+            if call.call_id is not None and held is not None:
+                counted = call.call_id in held
+            else:
+                counted = call.sent <= at - TRANSIT_S and (call.ended is None
+                                                           or call.ended > at)
+            if ((call.ended is not None and not counted) or now - call.sent > FORGET_S
                     or (not call.sent_for_sure and now - call.sent > UNSENT_S)):
                 del calls[rid]
                 self._where.pop(rid, None)
-            elif call.sent > at - TRANSIT_S:  # maybe not at the replica when it recorded
-                unseen += call.ended is None
+            elif not counted:
+                unseen += 1
             elif call.ended is not None:
                 ended += 1
         return Since(unseen, ended)
@@ -168,20 +191,22 @@ class DeadlineRouter(RequestRouter):
         order = deadline_order(sorted(by_id), stats, since, now, excluded(pending_request),
                                self._rng, wait or 0.0)
         if order and pending_request is not None:
-            self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False)
+            self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False,
+                       pending=pending_request)
         return [[by_id[k]] for k in order]
 
 
 @dataclass
 class _Call:
     """One request the router sent: when, whether Ray confirmed it (``sent_for_sure``), its
-    calls not yet completed (``open``: a session and its messages share one request id) and
-    when the last ended."""
+    calls not yet completed (``open``: a session and its messages share one request id), when
+    the last ended, and the gateway's id of the call (``call_id``, None for calls without)."""
 
     sent: float
     ended: float | None = None
     sent_for_sure: bool = False
     open: int = 0
+    call_id: str | None = None
 
 
 class RoundRobinRouter(RequestRouter):

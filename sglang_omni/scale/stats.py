@@ -10,7 +10,10 @@ replica's ``CUDA_VISIBLE_DEVICES``: the GPUs Ray gave it); ``health`` (the
 (per stage: ``status``, ``pid``, ``restarts``, the job counters of ``/metrics`` and ``device``,
 the ``CUDA_VISIBLE_DEVICES`` its process runs with; empty on the CPU);
 ``in_flight`` (model requests being served; the service paths of
-:mod:`sglang_omni.serve.service_paths` not counted),
+:mod:`sglang_omni.serve.service_paths` not counted), ``calls`` (the gateway's ids of the calls
+the replica holds: a router knows from them which of its sends the stats count),
+``planned_in_flight`` (requests in flight on a planned route: those the planner does not hold
+yet are on their way to admission),
 ``stage_jobs`` (jobs its stages hold now: direct generation's video jobs run after their request
 answered), ``max_active`` (the interleaved pipeline's ``max_active``, else None), ``quote`` (the
 planner's
@@ -54,6 +57,8 @@ class ReplicaStats:
         self.replica = replica
         self.node = node
         self.in_flight = 0
+        self.planned_in_flight = 0
+        self.calls: set[str] = set()
         self.received = 0
         self.answers: Counter[str] = Counter()
         self.busy_s = self.queued_s = self.idle_queued_s = 0.0
@@ -64,17 +69,25 @@ class ReplicaStats:
         """Whether a request to ``path`` is a model request (counted in ``in_flight``)."""
         return not is_service(path)
 
-    def started(self, path: str) -> None:
+    def started(self, path: str, call_id: str | None = None, planned: bool = False) -> None:
+        """A call arrived: ``call_id`` is the gateway's id of it; ``planned``, whether it is on a
+        planned route (the gateway sent its arrival time)."""
         self.received += 1
+        if call_id is not None:
+            self.calls.add(call_id)
         if self.counts(path):
             self.in_flight += 1
+            self.planned_in_flight += planned
 
     def answered(self, status: int) -> None:
         self.answers[status_class(status)] += 1
 
-    def ended(self, path: str) -> None:
+    def ended(self, path: str, call_id: str | None = None, planned: bool = False) -> None:
+        """The call :meth:`started` with the same arguments ended."""
+        self.calls.discard(call_id or "")
         if self.counts(path):
             self.in_flight -= 1
+            self.planned_in_flight -= planned
 
     def snapshot(self) -> dict[str, Any]:
         orch = self.orchestrator
@@ -93,6 +106,7 @@ class ReplicaStats:
             "at": time.time(), "replica": self.replica, "pid": os.getpid(), "node": self.node,
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "health": health["status"], "stages": stages, "in_flight": self.in_flight,
+            "calls": sorted(self.calls), "planned_in_flight": self.planned_in_flight,
             "stage_jobs": sum(h.open_jobs for h in orch.stages.handles.values()),
             "max_active": max_active, "quote": quote, "answers": dict(self.answers),
             "received": self.received, "busy_s": self.busy_s, "queued_s": self.queued_s,

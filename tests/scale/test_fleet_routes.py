@@ -184,8 +184,19 @@ def test_replicas_ask_for_their_gpus_and_their_stages_use_them(fleet: Fleet) -> 
         assert s["stages"]["reasoner"]["device"] == own[1]
 
 
+def longest_generation(fleet: Fleet) -> dict[str, float]:
+    """Each replica's longest measured generation (its quote's ``generation_s``; 0 before any)."""
+    return {s["replica"]: (s["quote"] or {}).get("generation_s") or 0.0 for s in fleet.stats()}
+
+
 def test_requests_spread_across_the_replicas(fleet: Fleet) -> None:
-    before = {s["replica"]: s["answers"].get("2xx", 0) for s in fleet.stats()}
+    """Concurrent requests to replicas with the same history spread over both.
+
+    The deadline router sends a request where the generation stage is free soonest, charging
+    each request it sent a replica that replica's longest measured generation: replicas that
+    measured different generations earlier in this module (one ran a slower one) rightly take
+    unequal shares. So first each replica measures a one-second generation (two requests at
+    once: the router sends the second where the first did not go), then six at once."""
     slow = script({"action": "image", "prompt": "!sleep=1 a cube"}, {"action": "final",
                                                                      "text": "ok"})
 
@@ -193,6 +204,13 @@ def test_requests_spread_across_the_replicas(fleet: Fleet) -> None:
         return httpx.post(f"{fleet.url}/generate", json=body(slow, rid("spread")),
                           timeout=60).status_code
 
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        for _ in range(4):  # two at once: the second goes where the first did not
+            if min(longest_generation(fleet).values()) >= 1.0:
+                break
+            assert list(pool.map(one, range(2))) == [200] * 2
+    assert min(longest_generation(fleet).values()) >= 1.0, longest_generation(fleet)
+    before = {s["replica"]: s["answers"].get("2xx", 0) for s in fleet.stats()}
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         assert list(pool.map(one, range(6))) == [200] * 6
     after = {s["replica"]: s["answers"].get("2xx", 0) for s in fleet.stats()}

@@ -52,6 +52,16 @@ def test_sends_since_the_stats_count_a_full_plan_each() -> None:
     assert standing(table["a"], Since(unseen=3), NOW).refuses
 
 
+def test_requests_on_their_way_to_admission_count_a_full_plan_each() -> None:
+    # "a" holds three planned requests but its planner only one: two more plans (2 x 2 x 5 s)
+    # are on their way, so "b", with 12 s planned, starts a new request's generation sooner.
+    a = {**stats(free_in=0.0, in_flight=3), "planned_in_flight": 3}
+    a["quote"]["active"] = 1
+    table = {"a": a, "b": stats(free_in=12.0, in_flight=1)}
+    assert standing(a, Since(), NOW) == Standing(False, 20.0, 3)
+    assert deadline_order(["a", "b"], table, {}, NOW) == ["b", "a"]
+
+
 def test_requests_ended_since_the_stats_give_their_share_back() -> None:
     busy = stats(free_in=30.0, in_flight=2)  # two requests planned: refuses (horizon 20)
     assert standing(busy, Since(), NOW).refuses

@@ -15,10 +15,13 @@ pytest.importorskip("ray.serve")
 from sglang_omni.scale.routers import DeadlineRouter  # noqa: E402
 
 
-def replica(key: str, at: float) -> Any:
-    """A replica whose stats, taken at ``at``, show nothing in flight (no planner)."""
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=key),
-                           routing_stats={"at": at, "health": "ok", "in_flight": 0})
+def replica(key: str, at: float, calls: list[str] | None = None) -> Any:
+    """A replica whose stats, taken at ``at``, show ``calls`` in flight (none by default; no
+    planner); without ``calls``, stats that list no call ids."""
+    stats: dict[str, Any] = {"at": at, "health": "ok", "in_flight": len(calls or ())}
+    if calls is not None:
+        stats["calls"] = calls
+    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=key), routing_stats=stats)
 
 
 def call(rid: str, **kwargs: Any) -> Any:
@@ -60,3 +63,21 @@ def test_a_request_retried_elsewhere_counts_on_its_new_replica() -> None:
     router.on_request_completed(r1, "req")  # answered 503
     router.on_request_routed(call("req", exclude=["r1"]), r2, None)  # the gateway's retry
     assert first_choices(router, replicas) == {"r1"}
+
+
+def test_a_call_counts_until_the_replica_lists_it_however_late_it_arrives() -> None:
+    """A call that took longer to reach its replica than the stats took to refresh is still
+    counted by the router (a loaded machine: the fixed transit allowance is not enough)."""
+    router = new_router()
+    a, b = replica("a", time.time() - 5, calls=[]), replica("b", time.time() - 5, calls=[])
+    router.on_request_routed(call("req", call_id="c1"), a.replica_id, None)
+    for r in (a, b):  # stats recorded well after the send, without the call yet
+        r.routing_stats["at"] = time.time() + 1
+    assert first_choices(router, [a, b]) == {"b"}
+    a.routing_stats.update(calls=["c1"], in_flight=1)  # there now: the stats count it
+    assert first_choices(router, [a, b]) == {"b"}
+    router.on_request_completed(a.replica_id, "req")  # ended, still in the stats: given back
+    assert first_choices(router, [a, b]) == {"a", "b"}
+    a.routing_stats.update(calls=[], in_flight=0)  # and forgotten once the stats drop it
+    assert first_choices(router, [a, b]) == {"a", "b"}
+    assert router._calls["a"] == {}
