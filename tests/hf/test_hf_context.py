@@ -127,8 +127,9 @@ def test_later_turns_reuse_the_kv_and_match_a_fresh_prefill(engines: Any) -> Non
             want = reference(engine, turns(n), FRAMES[:n + 1])
             assert got["usage"]["completion_tokens"] == len(want) == 24
             assert got["text"] == engine.tokenizer.decode(want, skip_special_tokens=True)
-        # A guide that changes between turns (as the adapter's generations_left does) cuts the
-        # shared prefix short: less is reused, and the answer is still a fresh prefill's.
+        # A system message that changes between turns (the Cosmos3 adapter's did, before its
+        # budget sentence moved to the prompt's end) cuts the shared prefix short: less is
+        # reused, and the answer is still a fresh prefill's.
         rid_g = f"guide-{engine.options['decoder']}"
         run(engine, rid_g, plain(turns(0, "Two generations left.")), FRAMES[:1])
         before = engine.contexts.stats()["reused_tokens"]

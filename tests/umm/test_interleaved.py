@@ -159,7 +159,9 @@ def test_awkward_prompt_reaches_the_generator_and_answer_survives(server: Server
             "stage_params": {"generation": SMALL}}
     resp = post_generate(server, body)
     assert resp.status_code == 200, resp.text
-    expected = f"{AWKWARD} | Generated image 1, from the prompt: {AWKWARD}"
+    # {last} is the last message: the generation's note, then the turn's budget sentence
+    expected = (f"{AWKWARD} | Generated image 1, from the prompt: {AWKWARD}\n\n"
+                "You may create images and videos; 7 generation(s) left.")
     assert resp.json()["text"] == expected
     status, events = stream_generate(server, body)
     assert status == 200
@@ -216,7 +218,8 @@ def test_generation_still_runs_after_a_blank_prompt(server: Server) -> None:
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert [s["kind"] for s in body["segments"]] == ["image", "text"]
-    assert body["text"] == "Generated image 1, from the prompt: after the blank"
+    assert body["text"] == ("Generated image 1, from the prompt: after the blank\n\n"
+                            "You may create images and videos; 6 generation(s) left.")
     assert counts(server)["generation", "submitted"] == before["generation", "submitted"] + 1
     assert body["usage"]["generations"] == 1
 
@@ -236,9 +239,11 @@ def test_client_sampling_applies_to_every_decision(server: Server) -> None:
     resp = post_generate(server, body)
     assert resp.status_code == 200, resp.text
     last, _, previous = resp.json()["text"].partition("|Generated image 1, from the prompt: ")
+    previous, _, budget = previous.partition("\n\n")
     wanted = {"temperature": 0.7, "top_p": 0.9, "top_k": 5}
     assert json.loads(last) == wanted
     assert json.loads(previous) == wanted
+    assert budget == "You may create images and videos; 7 generation(s) left."
 
 
 def test_length_and_stop_settings_never_reach_a_decision(server: Server) -> None:

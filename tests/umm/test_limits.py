@@ -49,7 +49,9 @@ def test_eight_generations_fill_the_default_dispatch_limit(server: Server) -> No
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert [s["kind"] for s in body["segments"]] == ["image"] * 8 + ["text"]
-    assert body["text"] == "Generated image 8, from the prompt: p7"
+    # the ninth turn is told that no generation is left, at the end of its prompt
+    assert body["text"] == ("Generated image 8, from the prompt: p7\n\n"
+                            "No generations are left: give the final answer now.")
 
 
 def test_ninth_image_at_default_limits_fails_naming_max_dispatches(server: Server) -> None:

@@ -114,7 +114,8 @@ def test_the_cosmos3_adapter_turns_a_receipt_into_a_final_answer_turn() -> None:
     assert step.outputs == () and step.dispatch is not None
     assert step.dispatch.stage == "reasoner"
     messages = step.dispatch.payload["messages"]
-    assert messages[-1] == {"role": "user",
-                            "content": prompts.NO_TIME_LEFT.format(kind="image")}
-    assert "No generations are left" in messages[0]["content"]
+    assert messages[-1] == {"role": "user", "content": (
+        prompts.NO_TIME_LEFT.format(kind="image")
+        + "\n\nNo generations are left: give the final answer now.")}
+    assert messages[0] == {"role": "system", "content": prompts.INSTRUCTIONS}
     assert adapter.generations == 0

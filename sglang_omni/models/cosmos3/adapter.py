@@ -67,6 +67,14 @@ def decision_sampling(request: UMMRequest) -> tuple[dict[str, Any], dict[str, An
     return sampling, extra
 
 
+def with_budget(message: dict[str, Any], sentence: str) -> dict[str, Any]:
+    """``message`` with a turn's budget sentence (``prompts.budget``) at the end of its content."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": f"\n\n{sentence}"}]}
+    return {**message, "content": f"{content}\n\n{sentence}" if content else sentence}
+
+
 async def _client_media(kind: str, later: Awaitable[StageResult]) -> Output:
     """The client's copy of a generated medium once its job ends, checked as every generated
     medium is (one item, within the inline limit, the bytes it claims)."""
@@ -88,6 +96,7 @@ class Cosmos3UMMAdapter:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.pending: decision.Decision | None = None
+        self.opening_budget = ""  # the first turn's budget sentence, after the client's turn
 
     # --- contract ----------------------------------------------------------------------------
     def start(self, request: UMMRequest, budget: Budget) -> Step:
@@ -182,10 +191,23 @@ class Cosmos3UMMAdapter:
         return Step(outputs=(output,), dispatch=self._reasoner_turn(budget))
 
     def _reasoner_turn(self, budget: Budget) -> Dispatch:
+        """The turn's conversation: the guide (the same on every turn), the client's messages,
+        then the turns so far. The budget sentence ends the prompt, appended to its last user
+        message, and stays there on later turns, so this turn's prompt extends the previous
+        turn's prompt and reply token for token."""
         generations_left = budget.offered_generations()
         modalities = self.modalities if generations_left > 0 else ()
+        sentence = prompts.budget(generations_left, modalities)
+        if self.turns:  # it ends with the user message that answers the last decision
+            self.turns[-1] = with_budget(self.turns[-1], sentence)
+        else:
+            self.opening_budget = sentence
         messages = copy.deepcopy(self.request.messages)
-        guide = prompts.instructions(generations_left, modalities)
+        if messages and messages[-1].get("role") == "user":
+            messages[-1] = with_budget(messages[-1], self.opening_budget)
+        else:
+            messages.append({"role": "user", "content": self.opening_budget})
+        guide = prompts.INSTRUCTIONS
         offset = 0  # messages put before the client's
         if messages and messages[0].get("role") == "system":
             first = messages[0]

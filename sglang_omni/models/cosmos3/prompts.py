@@ -5,19 +5,21 @@ from __future__ import annotations
 INSTRUCTIONS = """\
 You can create images and videos and look at them before you answer. Each turn, reply with one \
 JSON decision:
-- {{"decision": "generate_image", "prompt": "..."}} to create an image,
-- {{"decision": "generate_video", "prompt": "..."}} to create a video,
-- {{"decision": "final_answer", "answer": "..."}} to answer the user.
-Every image and video you create is shown to you in the next turn. {budget}"""
+- {"decision": "generate_image", "prompt": "..."} to create an image,
+- {"decision": "generate_video", "prompt": "..."} to create a video,
+- {"decision": "final_answer", "answer": "..."} to answer the user.
+Every image and video you create is shown to you in the next turn. The message before each \
+of your turns ends with what you may still create and how many generations are left."""
 
 
-def instructions(generations_left: int, modalities: tuple[str, ...]) -> str:
+def budget(generations_left: int, modalities: tuple[str, ...]) -> str:
+    """A turn's budget sentence. It ends the turn's prompt and stays in the conversation after
+    it; :data:`INSTRUCTIONS` is the same on every turn, so each turn's prompt extends the one
+    before it token for token (a prefix cache reuses it)."""
     if generations_left <= 0 or not modalities:
-        budget = "No generations are left: give the final answer now."
-    else:
-        kinds = " and ".join(f"{m}s" for m in modalities)
-        budget = f"You may create {kinds}; {generations_left} generation(s) left."
-    return INSTRUCTIONS.format(budget=budget)
+        return "No generations are left: give the final answer now."
+    kinds = " and ".join(f"{m}s" for m in modalities)
+    return f"You may create {kinds}; {generations_left} generation(s) left."
 
 
 def generated(kind: str, number: int, prompt: str) -> str:
