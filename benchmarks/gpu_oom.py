@@ -10,10 +10,10 @@ Two servers (hf backend, Nano-shape random-weight checkpoint, one GPU):
 * direct generation (the generation stage alone at ``--generation-fraction``, 0.25): a 640x640
   image, a 1280x720 33-frame video (OOM), the image, the video (OOM), the image;
 * interleaved (generation at ``--generation-fraction``, the Reasoner at
-  ``--reasoner-fraction``, 0.16, on the same GPU): a request reading a 640x640 image; requests
-  reading 1280x720 videos of growing length until the Reasoner's turn runs out of memory; the
-  image request again; a video request (``VIDEO_PROMPT``, sampled seeds until the Reasoner's
-  first decision is a video, as serve_gpu.py probes) whose 1280x720 33-frame generation runs out
+  ``--reasoner-fraction``, 0.16, on the same GPU): requests reading 1280x720 videos (30 s, then
+  60 s) until the Reasoner's turn runs out of memory; a request reading a 640x640 image; a
+  video request (``VIDEO_PROMPT``, sampled seeds until the Reasoner's first decision is a
+  video, as serve_gpu.py probes) whose 1280x720 33-frame generation runs out
   of memory inside the interleaved pipeline (the stream's error event and ``[DONE]``); an image
   request.
 
@@ -188,9 +188,9 @@ def reading(part: dict[str, Any], options: dict[str, Any], rid: str) -> dict[str
 def sizes(quick: bool) -> dict[str, Any]:
     if quick:
         return {"image": (64, 64), "video": (128, 128), "frames": 9, "steps": 2,
-                "read_video": (128, 72), "read_seconds": (1.0, 2.0)}
+                "read_video": (128, 72), "read_seconds": (2.0,)}
     return {"image": (640, 640), "video": (1280, 720), "frames": 33, "steps": 35,
-            "read_video": (1280, 720), "read_seconds": (8.0, 30.0)}
+            "read_video": (1280, 720), "read_seconds": (30.0, 60.0)}
 
 
 def config(path: Path, checkpoint: Path, pipeline: str, args: argparse.Namespace) -> None:
@@ -232,8 +232,6 @@ def interleaved(run: Run, quick: bool) -> None:
     small = {"width": s["image"][0], "height": s["image"][1], "num_frames": 9,
              "num_inference_steps": s["steps"]}
     picture = {"type": "image_url", "image_url": {"url": data_url("image/png", png(*s["image"]))}}
-    run.step("reasoner_image_1", "reasoner",
-             lambda: stream(url, reading(picture, small, "oom-read-1")), False)
     for seconds in s["read_seconds"]:
         clip = mp4(*s["read_video"], seconds)
         part = {"type": "video_url", "video_url": {"url": data_url("video/mp4", clip)}}
@@ -244,8 +242,8 @@ def interleaved(run: Run, quick: bool) -> None:
                                  "bytes": len(clip)}
         if record["oom"]:
             break
-    run.step("reasoner_image_2", "reasoner",
-             lambda: stream(url, reading(picture, small, "oom-read-2")), False)
+    run.step("reasoner_image", "reasoner",
+             lambda: stream(url, reading(picture, small, "oom-read")), False)
     big = {"width": s["video"][0], "height": s["video"][1], "num_frames": s["frames"],
            "num_inference_steps": s["steps"], "seed": 7}
     for seed in range(8):  # until the Reasoner's first decision is a video
