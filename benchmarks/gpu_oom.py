@@ -262,9 +262,9 @@ def interleaved(run: Run, quick: bool) -> None:
                 "stage_params": {"generation": big}}
         record = run.step(f"interleaved_video_seed_{seed}", "generation",
                           lambda b=body, w=first_not_video: stream(url, b, w), True)
-        if not record.get("disconnected"):
-            break  # the first decision was a video (or no generation at all)
-        record["expected_oom"] = False  # an image first: disconnected, not measured
+        if record["oom"] or "video" in record.get("segments", []):
+            break  # the first decision was a video
+        record["expected_oom"] = False  # an image first (disconnected) or no generation
         wait_quiet(run)
     run.step("interleaved_image", "generation", lambda: stream(url, {
         "rid": "oom-image", "prompt": IMAGE_PROMPT, "stage_params": {"generation": small}}),
