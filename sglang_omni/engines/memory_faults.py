@@ -42,21 +42,30 @@ def is_out_of_memory(exc: BaseException) -> bool:
     oom_class = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     if oom_class is not None and isinstance(exc, oom_class):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+    return isinstance(exc, RuntimeError) and says_out_of_memory(str(exc))
 
 
-def out_of_memory_error(stage: str, role: str, detail: str) -> OutOfGPUMemory:
+def says_out_of_memory(text: str | None) -> bool:
+    """Whether an engine's failure reason (native SGLang's, say) is an allocation failure."""
+    return bool(text) and any(m in str(text) for m in OOM_MARKERS)
+
+
+def out_of_memory_error(stage: str, role: str, detail: str,
+                        freed: bool = True) -> OutOfGPUMemory:
     """The client's error for an allocation failure in ``stage`` (``detail``: the engine's
-    message, cut to :data:`DETAIL_CHARS`)."""
+    message, cut to :data:`DETAIL_CHARS`); ``freed``: the stage itself freed what the request
+    held (False where native SGLang's worker holds the memory and ended the request)."""
     first = detail.strip().splitlines()[0] if detail.strip() else "no detail"
     if len(first) > DETAIL_CHARS:
         first = first[:DETAIL_CHARS] + "..."
     what = "memory" if "CPUAllocator" in detail else "GPU memory"
     hint = HINTS.get(role, "send a smaller request")
+    after = "The stage freed what the request held and serves other requests" if freed else \
+        "Native SGLang ended the request; the stage serves other requests"
     return OutOfGPUMemory(
         f"the {stage} stage ran out of {what} for this request ({first}); {hint}, or give the "
         f"stage more memory (a larger stages.{stage}.gpu_memory_fraction, or a GPU of its own). "
-        "The stage freed what the request held and serves other requests")
+        f"{after}")
 
 
 def free_device_memory() -> None:
