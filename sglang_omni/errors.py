@@ -145,6 +145,13 @@ class ServerError(OmniError):
     status = 500
 
 
+class OutOfGPUMemory(ServerError):
+    """An allocation failed inside a stage's engine while it served this request (CUDA out of
+    memory): the request fails at once, the stage frees what the request held and serves the
+    next request without a restart. The message names the stage and what to change (a smaller
+    size, fewer frames or media, or more memory for the stage)."""
+
+
 class MediaFetchFailed(OmniError):
     """Fetching remote media failed (the host answered an error, timed out, broke the connection,
     redirected too often or sent too much); :class:`MediaNotFound` when it answered 404."""

@@ -24,7 +24,9 @@ stops the server.
 
 Addition for liveness: an entry with ``"hang": true`` blocks the engine's thread for good (the
 process lives and answers heartbeats: a hung GPU), and ``delay_s`` reports progress every
-:data:`PROGRESS_SLICE_S`, as a decoding model does per token batch.
+:data:`PROGRESS_SLICE_S`, as a decoding model does per token batch. Addition for GPU faults: an
+entry with ``"oom": true`` fails the turn with the allocation error a real engine raises when its
+GPU is full (:func:`simulated_out_of_memory`).
 
 Generator: PNG (``DEFAULT_SIZE`` square, 640) or H.264 MP4 (``DEFAULT_VIDEO_FRAMES`` at
 ``DEFAULT_FPS``) whose pixels are a function of prompt, seed (``DEFAULT_SEED``), size and frame
@@ -33,6 +35,7 @@ between steps. Either engine takes ``factory.start_delay_s`` seconds to start. P
 directives: ``!no-media``, ``!crash``, ``!oversize``, ``!extra``, ``!malformed``, ``!sleep=S``
 (S silent seconds), ``!hang`` (blocks the engine's thread for good while the process lives, as a
 hung GPU does), ``!error`` (the engine raises an unexpected exception: an engine bug),
+``!oom`` (the engine raises the allocation error of a full GPU, as the real engines do),
 and ``!size=N`` (media padded with trailing zeros to N bytes, for
 benchmarks); anywhere in the prompt, ``!abort-delay=S`` makes an aborted generation take S more
 seconds to end (as a native engine finishes its current step), and ``!encode-delay=S`` makes a
@@ -52,6 +55,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 from typing import Any, cast
 
@@ -103,6 +107,18 @@ def hang_engine_thread(job: Job, directive: str) -> None:
     answers heartbeats, but this engine never makes progress again (a hung GPU)."""
     log.error("request %s: %s directive, the engine thread hangs now", job.rid, directive)
     threading.Event().wait()
+
+
+def simulated_out_of_memory(job: Job, directive: str) -> RuntimeError:
+    """The allocation error a real engine raises when the GPU is full: ``torch.OutOfMemoryError``
+    (a ``RuntimeError``) where torch is loaded in this process, else a ``RuntimeError`` with the
+    same text; the stage answers either as it answers a real one (``engines.memory_faults``)."""
+    message = (f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+               f"139.81 GiB of which 1.06 GiB is free. (scripted {directive}, request {job.rid})")
+    log.error("request %s: %s directive, raising an out-of-memory error", job.rid, directive)
+    torch = sys.modules.get("torch")
+    oom_class = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return oom_class(message) if oom_class is not None else RuntimeError(message)
 
 
 async def _reasoning_time(job: Job, seconds: float) -> None:
@@ -253,9 +269,12 @@ class ScriptedReasoner:
             hang_engine_thread(job, '"hang": true')
         if payload.get("stream"):
             job.emit({"text": ""})  # accepted
+        if isinstance(entry, dict) and entry.get("oom") is True:  # after acceptance, as on hf
+            raise simulated_out_of_memory(job, '"oom": true')
         if isinstance(entry, dict):
             entry = dict(entry)
             entry.pop("hang", None)
+            entry.pop("oom", None)
             delay = float(entry.pop("delay_s", 0) or 0)
             if delay > 0:
                 with job.timed("decode"):  # the simulated Reasoner time
@@ -287,7 +306,7 @@ def _pieces(text: str, size: int = 16) -> list[str]:
 
 # --- Generator -------------------------------------------------------------------------------
 DIRECTIVE_RE = re.compile(
-    r"^\s*!(no-media|crash|oversize|extra|malformed|hang|error|sleep=([0-9.]+)|size=([0-9]+))")
+    r"^\s*!(no-media|crash|oversize|extra|malformed|hang|error|oom|sleep=([0-9.]+)|size=([0-9]+))")
 ABORT_DELAY_RE = re.compile(r"!abort-delay=([0-9.]+)")
 ENCODE_DELAY_RE = re.compile(r"!encode-delay=([0-9.]+)")
 
@@ -340,6 +359,8 @@ class ScriptedGenerator:
             os._exit(70)
         if name == "hang":
             hang_engine_thread(job, "!hang")
+        if name == "oom":
+            raise simulated_out_of_memory(job, "!oom")
         if name == "error":
             raise RuntimeError(f"request {job.rid}: !error directive (a simulated engine bug)")
         abort_delay = ABORT_DELAY_RE.search(prompt)

@@ -189,10 +189,11 @@ class Orchestrator:
     def health(self) -> dict[str, Any]:
         """The ``/health`` body: ``status`` is ``ok``, ``starting`` (the stages are loading),
         ``stalled`` or ``restarting`` (a stage is coming back by itself) or ``unhealthy``; per
-        stage its status, pid, exit code, restarts so far and its last fault."""
+        stage its status, pid, exit code, restarts so far, its last fault and its device
+        memory at its last heartbeat."""
         stages = {n: {"status": h.status, "pid": h.pid, "exitcode": h.exitcode,
                       "restarts": self.stages.supervisors[n].restarts,
-                      "last_fault": h.last_fault}
+                      "last_fault": h.last_fault, "gpu_memory": h.gpu_memory}
                   for n, h in self.stages.handles.items()}
         statuses = {s["status"] for s in stages.values()}
         if statuses == {"ready"}:

@@ -25,7 +25,14 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
 from sglang_omni.engines.result import Frames, StageResult
-from sglang_omni.errors import BadRequest, ConfigError, OmniError, RequestTimeout, ServerError
+from sglang_omni.errors import (
+    BadRequest,
+    ConfigError,
+    OmniError,
+    RequestTimeout,
+    ServerError,
+    is_client_error,
+)
 from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.pipeline.json_size import json_size
 from sglang_omni.pipeline.timeline import Timeline
@@ -350,6 +357,8 @@ class UMMRun:
                     state.uncount_generation(dispatch)
                     result = StageResult({}, [], stage=dispatch.stage, receipt=receipt.message)
                 except OmniError as exc:
+                    if not is_client_error(exc.status):
+                        raise  # a server fault (out of GPU memory...): fail now, cancel the rest
                     failure = exc
                 call = None
                 while making:  # what was made beside the dispatch goes out before its outcome

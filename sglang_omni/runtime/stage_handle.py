@@ -141,6 +141,9 @@ class StageHandle:
         #: context), and the counters of its earlier processes summed (``engine_stats()``).
         self._engine: dict[str, int] = {}
         self._engine_before: dict[str, int] = {}
+        #: The device memory counters (``allocated``, ``reserved``, ``peak`` bytes) the stage
+        #: sent with its last heartbeat answer; None for a stage that does not use CUDA itself.
+        self.gpu_memory: dict[str, int] | None = None
 
     def engine_stats(self) -> dict[str, int]:
         """The engine's counters (its ``stats()``; empty for engines without): the gauges
@@ -223,6 +226,7 @@ class StageHandle:
             if key not in ENGINE_GAUGES:
                 self._engine_before[key] = self._engine_before.get(key, 0) + value
         self._engine = {}
+        self.gpu_memory = None
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
@@ -410,6 +414,10 @@ class StageHandle:
                     if media != self._media:  # media arriving for its jobs is progress too
                         self._last_progress = self.last_seen
                     self._media = media
+                gpu = header.get("gpu")
+                self.gpu_memory = {str(k): int(v) for k, v in gpu.items()
+                                   if isinstance(v, int) and not isinstance(v, bool)} \
+                    if isinstance(gpu, dict) else None
                 engine = header.get("engine")
                 if isinstance(engine, dict):
                     self._engine = {str(k): int(v) for k, v in engine.items()

@@ -3,9 +3,12 @@
 Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
 ``abort {rid}``, ``end {rid}`` (the request ended: an engine that keeps per-request state, such
 as the hf Reasoner's context, releases it; an abort releases it too), ``shutdown``,
-``ping {seq}`` (answered ``pong {seq, media, engine}`` by the reader thread, so a frozen stage is
-noticed; ``media`` is the stage's media counters, :mod:`sglang_omni.media.stats`, ``engine`` the
-engine's own counters when it has ``stats()``, else absent).
+``ping {seq}`` (answered ``pong {seq, media, engine, gpu}`` by the reader thread, so a frozen
+stage is noticed; ``media`` is the stage's media counters, :mod:`sglang_omni.media.stats`,
+``engine`` the engine's own counters when it has ``stats()``, else absent, ``gpu`` the device's
+memory counters where torch uses CUDA in this process, ``memory_faults.device_memory``).
+An engine error that is an allocation failure (``memory_faults``) fails its request with
+``OutOfGPUMemory`` and frees the memory; any other engine error fails its request with a 500.
 Stage -> server: ``ready {pid, stops_server_on_exit}``,
 ``failed {message}``, ``chunk {rid, token, data}`` (+ frames for an early result),
 ``result {rid, token, payload, engine_s, spans}`` + frames, ``error {rid, token, status, type,
@@ -40,6 +43,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sglang_omni.engines.base import EngineSpec, Job, build_engine
+from sglang_omni.engines.memory_faults import (
+    device_memory,
+    free_device_memory,
+    is_out_of_memory,
+    out_of_memory_error,
+)
 from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.media.stats import MEDIA_STATS
@@ -82,6 +91,16 @@ def _process_started() -> float:
     import psutil
 
     return float(psutil.Process().create_time())
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    """Drop the tracebacks of ``exc`` and the errors it chains: their frames hold what the
+    failed call allocated."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _log_send_failure(sent: Future) -> None:
@@ -207,6 +226,9 @@ class _StageServer:
             if header.get("op") == "ping":  # answered here: the event loop may be busy
                 self.last_ping = time.monotonic()
                 pong = {"op": "pong", "seq": header.get("seq"), "media": MEDIA_STATS.snapshot()}
+                gpu = device_memory()
+                if gpu is not None:
+                    pong["gpu"] = gpu
                 stats = getattr(self.engine, "stats", None)
                 if stats is not None:
                     pong["engine"] = stats()
@@ -307,6 +329,12 @@ class _StageServer:
         elif isinstance(exc, OmniError):
             log.warning("request %s failed: %s", job.rid, exc.message)
             self.send_error(base, exc)
+        elif is_out_of_memory(exc):  # the request fails; the stage frees its memory and serves on
+            log.error("request %s: out of memory: %s", job.rid, exc)
+            self.send_error(base, out_of_memory_error(self.spec.stage, self.spec.role, str(exc)))
+            _drop_tracebacks(exc)
+            self._end_request(job.rid)  # the request fails: what the engine keeps for it goes
+            free_device_memory()
         else:  # an engine bug fails the request, not the stage
             log.error("request %s failed: %s\n%s", job.rid, exc,
                       "".join(traceback.format_exception(exc)))

@@ -12,7 +12,8 @@ Environment (set by the tests): ``FAKE_DIFFUSION_LOG`` a folder receiving ``work
 ``FAKE_STEP_S`` seconds per step (0.05); ``FAKE_NATIVE_ABORT=1`` gives the driver a native
 abort method; ``FAKE_FFMPEG`` the FFmpeg to report. Prompt directives: ``!no-media`` (native
 ends without media, as on a guardrail block), ``!refuse`` (native refuses the parameters),
-``!bad-file`` (native writes a file that is not the media it claims).
+``!bad-file`` (native writes a file that is not the media it claims), ``!oom`` (native's worker
+runs out of GPU memory and ends the request without media, as native reports it).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def _generate(kwargs: dict[str, Any], step_s: float) -> tuple[str, Any]:
     (_log_dir() / f"finished-{kwargs['request_id']}").touch()
     if prompt.startswith("!no-media"):
         return "error", "Guardrail blocked prompt."
+    if prompt.startswith("!oom"):
+        return "error", "CUDA out of memory. Tried to allocate 9.00 GiB (fake native worker)"
     width, height = int(kwargs.get("width", 64)), int(kwargs.get("height", 64))
     frames = int(kwargs.get("num_frames", 9))
     if frames == 1:

@@ -159,6 +159,10 @@ def test_action_goes_to_the_native_action_route(server: Server, dirs: tuple[Path
     ("!no-media cube", 500, "Guardrail blocked prompt."),
     ("!refuse cube", 400, "native SGLang refused the request: width must be a multiple of 16"),
     ("!bad-file cube", 500, "is not image/png"),
+    ("!oom cube", 500, "the generation stage ran out of GPU memory for this request (Generation "
+     "failed: CUDA out of memory. Tried to allocate 9.00 GiB (fake native worker)); ask for a "
+     "smaller width and height or fewer num_frames, or give the stage more memory (a larger "
+     "stages.generation.gpu_memory_fraction"),
 ])
 def test_native_failures(server: Server, dirs: tuple[Path, Path], prompt: str, status: int,
                          says: str) -> None:

@@ -6,9 +6,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.engines.memory_faults import call_freeing_on_oom
 
 log = logging.getLogger("sglang_omni.hf")
 T = TypeVar("T")
@@ -76,16 +78,28 @@ def torch_dtype(name: str, device: Any) -> Any:
 class ModelThread:
     """Runs blocking model calls one at a time, in submission order, on one thread.
 
-    A model object must not run two calls at once. Cancelling the awaiting task drops a call
+    A model object must not run two calls at once (an out-of-memory included: the next call
+    starts once the failed one's memory is freed). Cancelling the awaiting task drops a call
     that has not started; a running call stops at its own next check of ``job.cancelled``, and
     the next call starts only after it returned.
     """
 
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+    def __init__(self, spec: EngineSpec) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.stage}-model")
+        self.stage, self.role = spec.stage, spec.role
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def call(self, fn: Callable[..., T], *args: Any,
+                   release: Callable[[], None] | None = None) -> T:
+        """``fn(*args)`` on the thread. An allocation failure (``memory_faults``) raises
+        ``OutOfGPUMemory`` after ``release()`` dropped what the engine keeps for the request
+        and the memory the call held is freed, before the next call starts."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, partial(call_freeing_on_oom, self.stage, self.role, fn, *args,
+                                release=release))
+
+    async def load(self, fn: Callable[[], None]) -> None:
+        """``fn()`` on the thread, its errors as raised (the model's load fails the start-up)."""
+        await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -100,7 +114,7 @@ class ThreadedModelEngine:
     thread: ModelThread
 
     async def start(self) -> None:
-        await self.thread.call(self._load)
+        await self.thread.load(self._load)
 
     async def close(self) -> None:
         self.thread.close()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.engines.hf.common import log
+from sglang_omni.engines.memory_faults import is_out_of_memory
 
 BATCH_MAX_TOKENS = 32768
 SUPPORTED_KWARGS = {"prompt", "negative_prompt", "height", "width", "num_frames", "fps",
@@ -219,6 +220,8 @@ class GenerationStep:
             try:
                 return self._capture(tokens, steps)
             except RuntimeError as exc:  # a capture failure leaves the eager step usable
+                if is_out_of_memory(exc):  # the eager step would not fit either
+                    raise
                 log.warning("hf generator: CUDA graph capture failed (%s); denoising without "
                             "graphs", exc)
                 self.graphs, self.graph = False, None

@@ -99,7 +99,7 @@ class HFGenerator(ThreadedModelEngine):
                                f"{', '.join(DENOISERS)}")
         self.policy = policy_from_spec(spec.media_policy)
         self.encoding = video_encoding(spec.factory)
-        self.thread = ModelThread(f"{spec.stage}-model")
+        self.thread = ModelThread(spec)
 
     def _load(self) -> None:
         from diffusers import DiffusionPipeline
@@ -250,9 +250,6 @@ class HFGenerator(ThreadedModelEngine):
             if "Guardrail" in str(exc):
                 return f"the Cosmos guardrail refused the prompt ({exc})"
             raise BadRequest(f"stage_params.generation: {exc}") from None
-        except torch.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            return f"out of GPU memory ({exc})"
         finally:
             self.pipe.scheduler = scheduler
         ended = time.perf_counter()

@@ -86,7 +86,7 @@ class HFReasoner(ThreadedModelEngine):
         self.policy = policy_from_spec(spec.media_policy)
         budget = spec.factory.get("context_budget_bytes")
         self.contexts = ContextStore(DEFAULT_BUDGET_BYTES if budget is None else int(budget))
-        self.thread = ModelThread(f"{spec.stage}-model")
+        self.thread = ModelThread(spec)
 
     def end_request(self, rid: str) -> None:
         """The request ended (or was aborted): release its context."""
@@ -162,7 +162,10 @@ class HFReasoner(ThreadedModelEngine):
         conversation = await read_conversation(job, self.policy)
         if payload.get("stream"):
             job.emit({"text": ""})  # accepted
-        return await self.thread.call(self._generate, job, conversation, schema, settings)
+        # An out-of-memory fails the request: its context goes with it (the turn's K/V was
+        # taken out of the store; the media features it kept are released here).
+        return await self.thread.call(self._generate, job, conversation, schema, settings,
+                                      release=lambda: self.end_request(job.rid))
 
     def _settings(self, sampling: dict[str, Any], native: dict[str, Any],
                   structured: bool) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from sglang_omni.engines.hf.common import log
+from sglang_omni.engines.memory_faults import is_out_of_memory
 
 MIN_CACHE = 1024
 
@@ -94,6 +95,7 @@ class StaticDecoder:
         self.captured.clear()
         self.pool = None
         self.keys, self.values = [], []
+        self.capacity = 0  # an allocation that fails below leaves an empty cache, not a short one
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         shape = (1, self.kv_heads, size, self.head_dim)
@@ -163,6 +165,8 @@ class StaticDecoder:
             try:
                 graph, logits = self._graph(length)
             except RuntimeError as exc:  # a capture failure leaves the eager step usable
+                if is_out_of_memory(exc):  # this request fails; later ones keep the graphs
+                    raise
                 log.warning("hf reasoner: CUDA graph capture failed (%s); decoding without "
                             "graphs", exc)
                 self.graphs = False
@@ -184,6 +188,8 @@ class StaticDecoder:
                 try:
                     self._graph(cache_bucket(length))
                 except RuntimeError as exc:
+                    if is_out_of_memory(exc):
+                        raise
                     log.warning("hf reasoner: CUDA graph capture failed (%s); decoding without "
                                 "graphs", exc)
                     self.graphs = False

@@ -35,6 +35,7 @@ from typing import Any, cast
 from sglang_omni.engines.base import EngineSpec, Job
 from sglang_omni.engines.generation_options import DEFAULT_FPS, OPTIONS
 from sglang_omni.engines.guardrails import guardrails_state
+from sglang_omni.engines.memory_faults import out_of_memory_error, says_out_of_memory
 from sglang_omni.engines.native.cancellation_plugin import read_progress, request_cancel
 from sglang_omni.engines.native.cancellation_plugin_site import CancellationPluginSite
 from sglang_omni.engines.native.generation_cancellation import (
@@ -301,6 +302,9 @@ class NativeGenerator:
             raise BadRequest(f"native SGLang refused the request: {exc}") from None
         except NativeFailed as exc:
             log.warning("request %s: native generation failed: %s", job.rid, exc)
+            if says_out_of_memory(str(exc)):
+                raise out_of_memory_error(self.spec.stage, "generation", str(exc),
+                                          freed=False) from None
             raise ServerError(f"the native generation failed ({exc}); the generation stage log "
                               "has the details") from None
 
@@ -335,6 +339,9 @@ class NativeGenerator:
         if outcome.path is None:
             log.warning("request %s: native SGLang ended the %s generation without media: %s",
                         job.rid, modality, outcome.reason)
+            if says_out_of_memory(outcome.reason):  # native reports it as no media
+                raise out_of_memory_error(self.spec.stage, "generation", str(outcome.reason),
+                                          freed=False)
             return StageResult(MediaResult(media=[], reason=f"native SGLang: {outcome.reason}"))
         data, mime = await asyncio.to_thread(read_generated, outcome.path, folder, modality)
         return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],

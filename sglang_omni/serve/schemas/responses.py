@@ -140,6 +140,11 @@ class StageHealth(BaseModel):
     last_fault: str | None = Field(
         None, description="why the stage's last process failed (it exited, stopped answering "
         "its heartbeat or made no progress on its jobs), null while none has")
+    gpu_memory: dict[str, int] | None = Field(
+        None, description="the stage's CUDA memory at its last heartbeat, in bytes: "
+        "allocated (tensors held now), reserved (held by PyTorch's cache) and peak (the most "
+        "allocated since the stage started); null for a stage that does not use CUDA itself "
+        "(scripted, CPU, native)")
 
 
 class Health(BaseModel):
