@@ -67,7 +67,9 @@ def poll_replicas(app_name: str = "omni", timeout_s: float = 10.0
     the method Ray's controller polls; this process must be connected to the cluster).
 
     Returns the answers sorted by replica id, and ``{replica id: why}`` for each replica that
-    did not answer within ``timeout_s`` or could not be reached."""
+    did not answer within ``timeout_s`` or could not be reached. A replica whose server is
+    still starting (its stages loading: Ray answers its stats call with an error until its
+    constructor returned) is listed with ``health: starting`` (:func:`starting_stats`)."""
     prefix = f"{REPLICA_ACTOR_PREFIX}{app_name}#OmniReplica#"
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(prefix)]
@@ -87,8 +89,27 @@ def poll_replicas(app_name: str = "omni", timeout_s: float = 10.0
         except ray.exceptions.GetTimeoutError:
             silent[replica] = f"no answer in {timeout_s:g} s"
         except ray.exceptions.RayError as exc:
-            silent[replica] = f"unreachable ({type(exc).__name__})"
+            if isinstance(exc, ray.exceptions.RayTaskError) and _starting(name, deadline):
+                answers.append(starting_stats(replica))
+            else:
+                silent[replica] = f"unreachable ({type(exc).__name__})"
     return sorted(answers, key=lambda s: s.get("replica", "")), silent
+
+
+def starting_stats(replica: str) -> dict[str, Any]:
+    """The routing stats listed for a replica whose server is still starting."""
+    return {"at": time.time(), "replica": replica, "health": "starting"}
+
+
+def _starting(name: str, deadline: float) -> bool:
+    """Whether replica actor ``name`` is alive but its server (the deployment's constructor,
+    which starts the stages) has not finished starting (Ray's ``was_initialized``)."""
+    try:
+        actor = ray.get_actor(name, namespace=SERVE_NAMESPACE)
+        return ray.get(actor.was_initialized.remote(),
+                       timeout=max(0.1, deadline - time.monotonic())) is False
+    except (ValueError, ray.exceptions.RayError):
+        return False
 
 
 def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[str, Any]]:
@@ -98,6 +119,8 @@ def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[
 
 def format_stats(stats: dict[str, Any]) -> str:
     """One line of ``sgl-omni replicas``."""
+    if stats.get("health") == "starting" and "pid" not in stats:
+        return f"{stats.get('replica')} starting: its server is starting its stages"
     quote = stats.get("quote") or {}
     gen = (stats.get("stages", {}).get("generation") or {}).get("jobs", {})
     answers = stats.get("answers", {})

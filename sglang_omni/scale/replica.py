@@ -31,6 +31,7 @@ from sglang_omni.scale.asgi_call import (
     run_asgi,
     websocket_receiver,
     websocket_scope,
+    with_keepalive,
 )
 from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
@@ -81,7 +82,9 @@ class OmniReplica:
                    arrived_at: float | None = None, may_wait: bool = True,
                    replica: str | None = None) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
-        in batches, then :data:`STREAM_END`. ``exclude``, ``may_wait`` and ``replica`` are for
+        in batches (:data:`~sglang_omni.scale.asgi_call.KEEPALIVE` after each second that
+        brought none, so the gateway tells a slow answer from a frozen replica), then
+        :data:`STREAM_END`. ``exclude``, ``may_wait`` and ``replica`` are for
         the router (replicas that refused it; whether it may wait for one; the replica it is
         pinned to), not used here;
         ``arrived_at`` (wall clock) is when a planned request reached the gateway: its
@@ -93,8 +96,8 @@ class OmniReplica:
             scope[WAITED_S_KEY] = max(0.0, time.time() - float(arrived_at))
         try:
             yield self.id
-            async for batch in call_asgi(self.app, scope, request["body"]):
-                for message in batch:
+            async for batch in with_keepalive(call_asgi(self.app, scope, request["body"])):
+                for message in batch if isinstance(batch, list) else ():
                     if message["type"] == "http.response.start":
                         self.stats.answered(int(message["status"]))
                 yield batch
