@@ -20,6 +20,7 @@ from ray import serve
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.scale.builder import application
+from sglang_omni.scale.ray_auth import check_token_auth
 from sglang_omni.scale.spec import ScaleOptions, ServerSource, plan_replicas
 
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
@@ -37,6 +38,7 @@ def serve_on_ray(source: ServerSource, options: ScaleOptions, host: str, port: i
     """Run the application until SIGINT/SIGTERM; ConfigError before Ray is touched."""
     plan, config = plan_replicas(source)
     app = application(plan, config, options)
+    check_token_auth(ray_address)
     ray.init(address=ray_address, namespace=SERVE_NAMESPACE, log_to_driver=True)
     started_here = ray_address is None
     stop = threading.Event()
@@ -134,6 +136,7 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 def print_replicas(ray_address: str, app_name: str) -> int:
     """Print one line a replica; exit 1 when there is none or one did not answer."""
+    check_token_auth(ray_address)
     ray.init(address=ray_address, namespace=SERVE_NAMESPACE, logging_level=logging.WARNING)
     try:
         answers, silent = poll_replicas(app_name)
