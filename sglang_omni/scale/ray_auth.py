@@ -39,13 +39,14 @@ def check_token_auth(address: str | None) -> None:
     if (address is None or address == "auto" or "://" in address
             or os.environ.get("RAY_AUTH_MODE", "").lower() == "token"):
         return
-    import grpc
+    import grpc  # type: ignore[import-untyped]  # grpcio ships no stubs
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     channel = grpc.insecure_channel(address)
     try:
         gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-            gcs_service_pb2.GetClusterIdRequest(), timeout=PROBE_TIMEOUT_S)
+            gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]  # generated
+            timeout=PROBE_TIMEOUT_S)
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
             raise RayAuthRequired(auth_message(address)) from None
