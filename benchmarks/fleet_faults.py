@@ -21,6 +21,8 @@ before (its routing stats); ``failed``, requests that ended without a complete a
 fault until the fleet recovered (target: only those of the faulted replica, so ``failed`` <=
 ``in flight`` plus what reached it before it was passed over); ``framed``, of those, the ones
 that ended as the route frames an error (``event: error`` then ``[DONE]``; target: all);
+``cause named``, of those, the ones whose error names the fault (:data:`CAUSES`: the replica
+exited, the generation stage, the replica stopped answering; target: all);
 ``answered s``, from the fault until the last of them ended (target for a frozen replica: 10);
 ``around s``, from the fault until the last request sent that failed (0: no request sent after
 the fault failed; new requests went around it); ``replaced s``, from the fault until every
@@ -57,6 +59,9 @@ ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
 APP = "omni"
 FAULTS = ("replica-kill", "stage-kill", "replica-stop")
+#: What a failed request's error must say for each fault (its true cause).
+CAUSES = {"replica-kill": "the replica serving this request exited",
+          "stage-kill": "the generation stage", "replica-stop": "stopped answering"}
 #: Seconds of load before the first fault and between recovery and the next fault.
 STEADY_S = 5.0
 #: Seconds a fault may take to recover before the run gives up on it.
@@ -68,6 +73,7 @@ class Outcome:
     sent: float
     ended: float = 0.0
     end: str = ""  # complete, refused, framed (an error framed as the route frames it), cut
+    message: str = ""  # a framed error's message
 
 
 @dataclass
@@ -109,8 +115,11 @@ class Load:
                 elif status == 200 and "event: error" in text and \
                         text.rstrip().endswith("data: [DONE]"):
                     out.end = "framed"
+                    error = text.rsplit("event: error\ndata: ", 1)[1].split("\n", 1)[0]
+                    out.message = str(json.loads(error).get("message", ""))
                 elif status != 200 and text.startswith("{") and '"error"' in text:
                     out.end = "framed"
+                    out.message = str(json.loads(text)["error"].get("message", ""))
                 else:
                     out.end = "cut"
                 n += self.clients
@@ -180,6 +189,7 @@ def fault(kind: str, load: Load, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "fault": kind, "in_flight": in_flight, "failed": len(failed),
         "framed": sum(o.end == "framed" for o in failed),
+        "named": sum(CAUSES[kind] in o.message for o in failed),
         "answered_s": max((o.ended - at for o in failed), default=0.0),
         "around_s": max((o.sent - at for o in failed if o.sent > at), default=0.0),
         "replaced_s": back - at, "after": len(after),
@@ -214,6 +224,7 @@ def cell(values: list[float], digits: int) -> str:
 
 
 COLUMNS = [("in flight", "in_flight", 0), ("failed", "failed", 0), ("framed", "framed", 0),
+           ("cause named", "named", 0),
            ("answered s", "answered_s", 1), ("around s", "around_s", 1),
            ("replaced s", "replaced_s", 1), ("after", "after", 0), ("served", "served", 0)]
 
