@@ -65,3 +65,26 @@ def test_a_silent_replica_fails_its_call_and_is_passed_over() -> None:
     assert time.monotonic() - began < 5
     assert "frozen1" in silent_replicas.silent()
     assert "frozen1" in excluded(None)  # the routers leave it out, as a replica that refused
+
+
+
+def test_a_replica_logs_that_it_was_frozen(caplog: pytest.LogCaptureFixture) -> None:
+    """After SIGCONT the replica's log names the freeze (what follows, such as its stages'
+    exits, is the freeze's doing); a punctual tick logs nothing. The clock is scripted: a
+    punctual second, then one 8.5 s late."""
+    from sglang_omni.scale.replica import _watch_freezes
+
+    ticks = iter([0.0, 1.0, 1.0, 10.5, 10.5])
+
+    async def watch() -> None:
+        task = asyncio.ensure_future(_watch_freezes(lambda: next(ticks)))
+        while "frozen" not in caplog.text:
+            await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level("WARNING", logger="sglang_omni.scale"):
+        asyncio.run(asyncio.wait_for(watch(), 10))
+    assert [r.getMessage() for r in caplog.records] == [
+        "this replica was frozen for 8.5 s (its process stopped or its event loop blocked): "
+        "the gateway failed the requests it was serving ('the replica ... stopped answering') "
+        "and passes it over; stage exits that follow are the freeze's doing"]
