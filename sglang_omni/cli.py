@@ -253,10 +253,15 @@ def _on_ray(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: li
               file=sys.stderr)
         return 2
     from sglang_omni.scale import launch
+    from sglang_omni.scale.ray_auth import RayAuthRequired
 
-    if args.command == "replicas":
-        return launch.print_replicas(args.ray_address, args.app)
-    return launch.serve_on_ray(source, options, args.host, args.port, args.ray_address)
+    try:
+        if args.command == "replicas":
+            return launch.print_replicas(args.ray_address, args.app)
+        return launch.serve_on_ray(source, options, args.host, args.port, args.ray_address)
+    except RayAuthRequired as exc:
+        print(f"sgl-omni: {exc}", file=sys.stderr)
+        return 2
 
 
 def _serve(config: Any, args: argparse.Namespace, sock: Any) -> int:

@@ -175,16 +175,18 @@ class Orchestrator:
     def healthy(self) -> bool:
         return self.stages.healthy
 
-    def _on_stage_death(self, handle: StageHandle) -> None:
-        self._fail_dependents(handle)
+    def _on_stage_death(self, handle: StageHandle) -> list[str]:
+        """Fail the requests that depend on ``handle`` (their ids: the stage counts them)."""
+        failed = self._fail_dependents(handle)
         if not handle.stops_server_on_exit or self.fatal_error is not None:
-            return
+            return failed
         reason = handle.fatal_message or f"exit code {handle.exitcode}"
         self.fatal_error = f"the {handle.name} stage exited ({reason})"
         log.error("%s; its native SGLang processes are gone, so the server stops",
                   self.fatal_error)
         if self.on_fatal is not None:
             self.on_fatal()
+        return failed
 
     def health(self) -> dict[str, Any]:
         """The ``/health`` body: ``status`` is ``ok``, ``starting`` (the stages are loading),
@@ -206,20 +208,22 @@ class Orchestrator:
             status = "unhealthy"
         return {"status": status, "stages": stages}
 
-    def _fail_dependents(self, handle: StageHandle) -> None:
+    def _fail_dependents(self, handle: StageHandle) -> list[str]:
         """Interleaved requests use every stage: fail them all now (the planner releases
-        them when their runs end)."""
+        them when their runs end); the ids of those failed."""
         after = "it is restarting; retry shortly" if handle.restarting \
             else "the server is unhealthy and needs a restart"
-        self._fail_admitted(lambda rid: StageDied(
+        return self._fail_admitted(lambda rid: StageDied(
             f"the {handle.name} stage process exited (code {handle.exitcode}) while request "
             f"{rid} was in flight; {after}"))
 
-    def _fail_admitted(self, error_of: Callable[[str], OmniError]) -> None:
+    def _fail_admitted(self, error_of: Callable[[str], OmniError]) -> list[str]:
         """Fail every admitted interleaved request with ``error_of(rid)`` (its dispatch in
-        progress is cancelled, its next one raises)."""
+        progress is cancelled, its next one raises); the ids of those not failed before."""
+        failed = [rid for rid, doom in self._doom.items() if doom.error is None]
         for rid, doom in self._doom.items():
             doom.fail(error_of(rid))
+        return failed
 
     def check_healthy(self) -> None:
         """ServiceUnavailable (503) unless every stage is ready; StageRestarting while the

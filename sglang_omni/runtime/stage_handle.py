@@ -25,7 +25,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +105,12 @@ class StageHandle:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready_future: asyncio.Future | None = None
         self._closing = False
-        self.death_listeners: list[Callable[[StageHandle], None]] = []
+        #: Called when the process exits; each returns the ids of the requests it failed
+        #: because of it (the orchestrator's interleaved requests), counted with the calls.
+        self.death_listeners: list[Callable[[StageHandle], Iterable[str] | None]] = []
+        #: Requests failed by this stage's faults (exits and stalls), each counted once a fault.
+        self.failed_requests = 0
+        self._stall_failed: set[str] = set()  # the requests a stall failed, until its exit
         #: Asked once when the process exits: True when the stage will be restarted (the
         #: supervisor sets it); decides what in-flight requests are told.
         self.restart_decision: Callable[[StageHandle], bool] = lambda _: False
@@ -269,6 +274,8 @@ class StageHandle:
         StageCallError or ServerError.
         """
         if not self.healthy:
+            if self.stalled:  # a request the stall fails: its exit counts it
+                self._stall_failed.add(rid)
             raise StageDied(f"the {self.name} stage is not running ({self.status}); "
                             + ("retry shortly" if self.restarting else "the server is unhealthy"))
         if self._ended_by is not None:
@@ -527,9 +534,9 @@ class StageHandle:
             return
         self.stalled = True
         self.last_fault = f"stalled: it {what}; killed"
-        log.error("the %s stage %s; failing %d in-flight request(s) and killing it", self.name,
-                  what, len(self._pending))
-        self._fail_all(message)
+        log.error("the %s stage %s; failing its %d call(s) in flight and killing it (its exit "
+                  "counts every request it fails)", self.name, what, len(self._pending))
+        self._stall_failed = set(self._fail_all(message))
         _kill_stage_group(self._process)
 
     def end_calls(self, error_of: Callable[[str], OmniError]) -> int:
@@ -544,9 +551,11 @@ class StageHandle:
                 self._post({"op": "abort", "rid": rid})
         return len(aborted)
 
-    def _fail_all(self, message: Callable[[str], str]) -> None:
-        self._fail_calls(lambda rid: StageDied(message(rid)))
+    def _fail_all(self, message: Callable[[str], str]) -> list[str]:
+        """Fail every pending call with StageDied(``message(rid)``); their rids."""
+        failed = self._fail_calls(lambda rid: StageDied(message(rid)))
         self._end_aborting()
+        return failed
 
     def _fail_calls(self, error_of: Callable[[str], OmniError]) -> list[str]:
         """Fail every pending call with ``error_of(rid)``; the rids of those failed."""
@@ -585,20 +594,23 @@ class StageHandle:
             self.last_fault = f"exited with code {self.exitcode}" + (
                 f": {self.fatal_message}" if self.fatal_message else "")
         self.stalled = False
-        log.error("the %s stage process exited with code %s; failing %d in-flight request(s)%s",
-                  self.name, self.exitcode, len(self._pending),
-                  "; restarting it" if self.restarting else "")
         why = f"code {self.exitcode}" if self.fatal_message is None \
             else f"code {self.exitcode}: {self.fatal_message}"
         after = "it is restarting; retry shortly" if self.restarting \
             else "the server is unhealthy and needs a restart"
-        self._fail_all(lambda rid: f"the {self.name} stage process exited ({why}) while "
-                       f"request {rid} was running; {after}")
+        failed = self._stall_failed | set(self._fail_all(
+            lambda rid: f"the {self.name} stage process exited ({why}) while request {rid} "
+                        f"was running; {after}"))
+        self._stall_failed = set()
         for listener in self.death_listeners:
             try:
-                listener(self)
+                failed.update(listener(self) or ())
             except Exception:  # noqa: BLE001 - one listener's bug must not stop the others
                 log.exception("%s: a stage death listener failed", self.name)
+        self.failed_requests += len(failed)
+        log.error("the %s stage process exited with code %s; %d request(s) in flight failed "
+                  "with it%s", self.name, self.exitcode, len(failed),
+                  "; restarting it" if self.restarting else "")
 
     def _remove_scratch(self) -> None:
         """Remove the temporary-file folder of the last process (it is gone or never ran)."""

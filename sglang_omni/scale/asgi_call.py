@@ -31,6 +31,11 @@ _END: Message = {"type": "_end"}
 #: The last item of a replica's stream when the app ended (a stream that stops without it was
 #: cut: its replica died, which Ray does not always report as an error).
 STREAM_END = "sglang_omni.stream_end"
+#: An item a replica's stream carries while its app has sent nothing for :data:`KEEPALIVE_S`:
+#: the replica is alive (a stream silent for longer is a frozen replica, not a slow answer).
+KEEPALIVE = "sglang_omni.keepalive"
+#: Seconds without a message from the app after which the replica sends :data:`KEEPALIVE`.
+KEEPALIVE_S = 1.0
 
 
 class StreamCut(Exception):  # noqa: N818 - what happened, as RayActorError names it
@@ -95,6 +100,34 @@ async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GR
 
     async for batch in run_asgi(app, scope, receiver, grace_s):
         yield batch
+
+
+async def with_keepalive(batches: AsyncIterator[list[Message]], every_s: float = KEEPALIVE_S
+                         ) -> AsyncIterator[list[Message] | str]:
+    """``batches``, with :data:`KEEPALIVE` yielded after each ``every_s`` that brought none.
+    Closing this iterator closes ``batches`` (its next batch, if awaited, is cancelled)."""
+    pending: asyncio.Future[list[Message]] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(batches))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield KEEPALIVE
+                continue
+            future, pending = pending, None
+            try:
+                batch = future.result()
+            except StopAsyncIteration:
+                return
+            yield batch
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def websocket_receiver(inbound: asyncio.Queue[Message]) -> Callable[[asyncio.Event], Receive]:

@@ -23,6 +23,12 @@ first replica it reaches; the gateway is what can look at the answer first:
 * a replica that dies (its process killed) before its answer started answers 500 with the error
   a stage death gives; after a stream started, the stream ends with that error (``event: error``
   on ``/generate``, an ``{"error": ...}`` chunk on chat) and ``[DONE]``, as on one server;
+* a replica that stops answering (its process frozen, its event loop blocked) is found by its
+  silence: a replica sends a keep-alive on every call each second its answer brings nothing
+  (:data:`~sglang_omni.scale.asgi_call.KEEPALIVE`), so a call that brings nothing for
+  ``replica_silence_s`` fails as a dead replica's does, naming the silence, and the replica is
+  passed over by this process's routers from then on (:mod:`~sglang_omni.scale.silent_replicas`)
+  long before Ray's health checks fail it;
 * a client that disconnects cancels the replica's call: the replica's app sees the disconnect, and
   the request is aborted down to its generation stage.
 
@@ -49,7 +55,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -69,8 +75,10 @@ from sglang_omni.errors import (
     ServiceUnavailable,
     StageDied,
 )
+from sglang_omni.scale import silent_replicas
 from sglang_omni.scale.asgi_call import (
     GRACE_S,
+    KEEPALIVE,
     STREAM_END,
     Message,
     Receive,
@@ -100,6 +108,25 @@ PLANNED = re.compile(r"^/(generate|v1/chat/completions)/?$")
 SESSION_LOST = "the replica serving this session exited; Ray Serve is replacing it; reconnect"
 REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
                 "request was in flight; Ray Serve is replacing it; retry the request")
+#: Seconds a replica's call may bring nothing (not even its keep-alive) before the gateway
+#: takes the replica as frozen (its keep-alive comes every KEEPALIVE_S = 1 s).
+REPLICA_SILENCE_S = 6.0
+
+
+def replica_silent(replica: str, silence_s: float) -> str:
+    """The error of a request whose replica stopped answering."""
+    return (f"the replica serving this request ({replica}) stopped answering: nothing came "
+            f"from it for {silence_s:g} s, not even its keep-alive (its process is frozen or "
+            "its event loop blocked); new requests go to other replicas, and Ray Serve "
+            "replaces it once its health checks fail; retry the request")
+
+
+class ReplicaSilent(Exception):  # noqa: N818 - what happened, as StreamCut names it
+    """A replica's call brought nothing for the gateway's ``replica_silence_s``."""
+
+    def __init__(self, replica: str, silence_s: float) -> None:
+        super().__init__(replica_silent(replica, silence_s))
+        self.replica = replica
 
 
 class WaitingRoom:
@@ -165,8 +192,10 @@ class OmniGateway:
     """A Serve ingress deployment class (``serve.ingress()`` is applied by the builder)."""
 
     def __init__(self, replicas: DeploymentHandle, server: ServerSettings, retries: int,
-                 replica_count: int, max_waiting: int = 256) -> None:
+                 replica_count: int, max_waiting: int = 256,
+                 replica_silence_s: float = REPLICA_SILENCE_S) -> None:
         self.replicas = replicas
+        self.replica_silence_s = replica_silence_s
         self.server = server
         self.retries = retries
         self.replica_count = replica_count
@@ -322,11 +351,8 @@ class OmniGateway:
                         .remote(request, exclude=list(tried)))
             try:
                 replica = await call.__anext__()
-                batches = [batch async for batch in call]
-                if STREAM_END not in batches:
-                    raise StreamCut("the replica's stream stopped before its end")
-                messages = [m for batch in batches if batch != STREAM_END for m in batch]
-            except (RayActorError, StreamCut):
+                messages = [m async for batch in self._batches(call, replica) for m in batch]
+            except (RayActorError, StreamCut, ReplicaSilent):
                 log.warning("a replica exited while %s %s asked every replica; its answer is "
                             "left out", request["method"], request["path"])
                 continue
@@ -436,9 +462,7 @@ class OmniGateway:
                 self.waiting_room.leave()
             if rid is not None:
                 self.rid_pins.started(rid, replica)
-            async for batch in call:
-                if batch == STREAM_END:
-                    return held
+            async for batch in self._batches(call, replica):
                 for message in batch:
                     if started is None and message["type"] == "http.response.start":
                         started = message
@@ -446,7 +470,7 @@ class OmniGateway:
                             held = _Refused(replica, message["status"])
                     if held is None:
                         await send(message)
-            raise StreamCut("the replica's stream stopped before its end")
+            return held
         except (asyncio.CancelledError, RequestCancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every answer ends well-formed
@@ -461,12 +485,34 @@ class OmniGateway:
                                     or 400 <= status < 500)
             call.cancel()
 
+    async def _batches(self, call: DeploymentResponseGenerator, replica: str
+                       ) -> AsyncIterator[list[Message]]:
+        """The message batches of ``replica``'s call, up to its :data:`STREAM_END`; StreamCut
+        when the stream stops before it, ReplicaSilent (and the replica marked silent) when
+        nothing, not even a keep-alive, comes for ``replica_silence_s``."""
+        while True:
+            try:
+                item = await asyncio.wait_for(call.__anext__(), self.replica_silence_s)
+            except StopAsyncIteration:
+                raise StreamCut("the replica's stream stopped before its end") from None
+            except TimeoutError:
+                silent_replicas.mark(replica)
+                raise ReplicaSilent(replica, self.replica_silence_s) from None
+            if item == STREAM_END:
+                return
+            if item != KEEPALIVE:
+                yield item
+
     async def _failed(self, scope: Scope, send: Send, started: Message | None,
                       exc: Exception) -> None:
         """End an answer whose replica call failed: an error answer, or the stream's end."""
-        if isinstance(exc, RayActorError | StreamCut):
+        if isinstance(exc, ReplicaSilent):
+            self.metrics.replica_silences.inc()
+            error: OmniError = StageDied(str(exc))
+            log.warning("request %s %s: %s", scope["method"], scope["path"], exc)
+        elif isinstance(exc, RayActorError | StreamCut):
             self.metrics.replica_exits.inc()
-            error: OmniError = StageDied(REPLICA_DIED)
+            error = StageDied(REPLICA_DIED)
             log.warning("request %s %s: %s", scope["method"], scope["path"], REPLICA_DIED)
         else:
             error = ServerError(GENERIC_500)

@@ -5,7 +5,8 @@ What only the gateway sees: the requests waiting in it for a replica that admits
 waiting room, ``--max-waiting``), the bodies it holds (``server.max_pending_body_bytes``), the
 answers it asked of another replica (a 503 retried, a held result looked up elsewhere), the
 requests it refused itself (a body over its budget, or too slow), and the requests whose replica
-exited under them. With several gateways, a scrape reaches one of them: its series only.
+exited under them or stopped answering. With several gateways, a scrape reaches one of them:
+its series only.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class GatewayMetrics:
         self.replica_exits = Counter("sgl_omni_gateway_replica_exits", "requests whose replica "
                                      "exited while it served them (answered 500, or their "
                                      "stream ended with that error)", registry=self.registry)
+        self.replica_silences = Counter(
+            "sgl_omni_gateway_replica_silences", "requests failed because their replica "
+            "stopped answering (nothing from it, not even its keep-alive, for the gateway's "
+            "replica_silence_s: a frozen process or a blocked event loop)",
+            registry=self.registry)
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()

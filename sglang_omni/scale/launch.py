@@ -20,6 +20,7 @@ from ray import serve
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.scale.builder import application
+from sglang_omni.scale.ray_auth import check_token_auth
 from sglang_omni.scale.spec import ScaleOptions, ServerSource, plan_replicas
 
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
@@ -37,6 +38,7 @@ def serve_on_ray(source: ServerSource, options: ScaleOptions, host: str, port: i
     """Run the application until SIGINT/SIGTERM; ConfigError before Ray is touched."""
     plan, config = plan_replicas(source)
     app = application(plan, config, options)
+    check_token_auth(ray_address)
     ray.init(address=ray_address, namespace=SERVE_NAMESPACE, log_to_driver=True)
     started_here = ray_address is None
     stop = threading.Event()
@@ -67,7 +69,9 @@ def poll_replicas(app_name: str = "omni", timeout_s: float = 10.0
     the method Ray's controller polls; this process must be connected to the cluster).
 
     Returns the answers sorted by replica id, and ``{replica id: why}`` for each replica that
-    did not answer within ``timeout_s`` or could not be reached."""
+    did not answer within ``timeout_s`` or could not be reached. A replica whose server is
+    still starting (its stages loading: Ray answers its stats call with an error until its
+    constructor returned) is listed with ``health: starting`` (:func:`starting_stats`)."""
     prefix = f"{REPLICA_ACTOR_PREFIX}{app_name}#OmniReplica#"
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(prefix)]
@@ -87,8 +91,27 @@ def poll_replicas(app_name: str = "omni", timeout_s: float = 10.0
         except ray.exceptions.GetTimeoutError:
             silent[replica] = f"no answer in {timeout_s:g} s"
         except ray.exceptions.RayError as exc:
-            silent[replica] = f"unreachable ({type(exc).__name__})"
+            if isinstance(exc, ray.exceptions.RayTaskError) and _starting(name, deadline):
+                answers.append(starting_stats(replica))
+            else:
+                silent[replica] = f"unreachable ({type(exc).__name__})"
     return sorted(answers, key=lambda s: s.get("replica", "")), silent
+
+
+def starting_stats(replica: str) -> dict[str, Any]:
+    """The routing stats listed for a replica whose server is still starting."""
+    return {"at": time.time(), "replica": replica, "health": "starting"}
+
+
+def _starting(name: str, deadline: float) -> bool:
+    """Whether replica actor ``name`` is alive but its server (the deployment's constructor,
+    which starts the stages) has not finished starting (Ray's ``was_initialized``)."""
+    try:
+        actor = ray.get_actor(name, namespace=SERVE_NAMESPACE)
+        return ray.get(actor.was_initialized.remote(),
+                       timeout=max(0.1, deadline - time.monotonic())) is False
+    except (ValueError, ray.exceptions.RayError):
+        return False
 
 
 def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[str, Any]]:
@@ -98,6 +121,8 @@ def replica_stats(app_name: str = "omni", timeout_s: float = 10.0) -> list[dict[
 
 def format_stats(stats: dict[str, Any]) -> str:
     """One line of ``sgl-omni replicas``."""
+    if stats.get("health") == "starting" and "pid" not in stats:
+        return f"{stats.get('replica')} starting: its server is starting its stages"
     quote = stats.get("quote") or {}
     gen = (stats.get("stages", {}).get("generation") or {}).get("jobs", {})
     answers = stats.get("answers", {})
@@ -111,6 +136,7 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 def print_replicas(ray_address: str, app_name: str) -> int:
     """Print one line a replica; exit 1 when there is none or one did not answer."""
+    check_token_auth(ray_address)
     ray.init(address=ray_address, namespace=SERVE_NAMESPACE, logging_level=logging.WARNING)
     try:
         answers, silent = poll_replicas(app_name)

@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sglang_omni.errors import ConfigError
 from sglang_omni.runtime.log_format import configure_logging
+from sglang_omni.runtime.task_errors import log_failure
 from sglang_omni.scale.asgi_call import (
     STREAM_END,
     Message,
@@ -31,6 +32,7 @@ from sglang_omni.scale.asgi_call import (
     run_asgi,
     websocket_receiver,
     websocket_scope,
+    with_keepalive,
 )
 from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
@@ -40,6 +42,9 @@ from sglang_omni.serve.fleet_queue import WAITED_S_KEY
 log = logging.getLogger("sglang_omni.scale")
 #: Client messages a relayed WebSocket session may hold before the gateway's next one waits.
 MAX_INBOUND = 16
+#: Seconds the replica's event loop may miss its one-second tick before it logs that it was
+#: frozen (the gateway gives up on a call silent for 6 s).
+FROZEN_LOG_S = 5.0
 
 
 def _replica_identity() -> tuple[str, str | None]:
@@ -74,6 +79,8 @@ class OmniReplica:
             self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
         self.stats.start_sampling()
+        self._freeze_watch = asyncio.get_running_loop().create_task(_watch_freezes())
+        self._freeze_watch.add_done_callback(log_failure(log, "the replica's freeze watch"))
         log.info("replica %s ready (pid stages: %s)", self.id, ", ".join(
             f"{n} {h.pid}" for n, h in self.orchestrator.stages.handles.items()))
 
@@ -82,7 +89,9 @@ class OmniReplica:
                    replica: str | None = None, call_id: str | None = None
                    ) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
-        in batches, then :data:`STREAM_END`. ``exclude``, ``may_wait`` and ``replica`` are for
+        in batches (:data:`~sglang_omni.scale.asgi_call.KEEPALIVE` after each second that
+        brought none, so the gateway tells a slow answer from a frozen replica), then
+        :data:`STREAM_END`. ``exclude``, ``may_wait`` and ``replica`` are for
         the router (replicas that refused it; whether it may wait for one; the replica it is
         pinned to), not used here; ``call_id`` (the gateway's id of this call) is listed in
         the routing stats while the call runs;
@@ -97,8 +106,8 @@ class OmniReplica:
             scope[WAITED_S_KEY] = max(0.0, time.time() - float(arrived_at))
         try:
             yield self.id
-            async for batch in call_asgi(self.app, scope, request["body"]):
-                for message in batch:
+            async for batch in with_keepalive(call_asgi(self.app, scope, request["body"])):
+                for message in batch if isinstance(batch, list) else ():
                     if message["type"] == "http.response.start":
                         self.stats.answered(int(message["status"]))
                 yield batch
@@ -154,4 +163,24 @@ class OmniReplica:
         if lifespan is None:
             return
         await self.stats.stop_sampling()
+        watch = getattr(self, "_freeze_watch", None)
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
         await lifespan.__aexit__(None, None, None)
+
+
+async def _watch_freezes(clock: Callable[[], float] = time.monotonic) -> None:
+    """Log each time this process was stopped or its event loop blocked for more than
+    :data:`FROZEN_LOG_S` (SIGSTOP then SIGCONT, say), so the log names the cause of what
+    follows: the gateway has failed the calls it held, and the stages, hearing nothing from
+    this process, may have exited."""
+    while True:
+        before = clock()
+        await asyncio.sleep(1.0)
+        late = clock() - before - 1.0
+        if late > FROZEN_LOG_S:
+            log.warning("this replica was frozen for %.1f s (its process stopped or its event "
+                        "loop blocked): the gateway failed the requests it was serving ('the "
+                        "replica ... stopped answering') and passes it over; stage exits that "
+                        "follow are the freeze's doing", late)

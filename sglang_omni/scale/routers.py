@@ -25,6 +25,7 @@ from typing import Any
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from sglang_omni.scale import silent_replicas
 from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
 
 #: Seconds after which the router forgets a call (a replica whose stats stopped coming).
@@ -38,10 +39,11 @@ TRANSIT_S = 0.1
 
 
 def excluded(pending: PendingRequest | None) -> frozenset[str]:
-    """The replica ids the request was already refused by (its ``exclude`` keyword)."""
+    """The replica ids the request was already refused by (its ``exclude`` keyword) and those
+    the gateway found silent (:mod:`~sglang_omni.scale.silent_replicas`)."""
     if pending is None:
-        return frozenset()
-    return frozenset(pending.kwargs.get("exclude") or ())
+        return silent_replicas.silent()
+    return frozenset(pending.kwargs.get("exclude") or ()) | silent_replicas.silent()
 
 
 def pinned(candidates: list[RunningReplica], pending: PendingRequest | None

@@ -132,6 +132,9 @@ class _LiveCollector:
         restarts = CounterMetricFamily("sgl_omni_stage_restarts",
                                        "restarts of a stage process after it exited or stalled",
                                        labels=["stage"])
+        failed = CounterMetricFamily("sgl_omni_stage_failed_requests", "requests in flight "
+                                     "that a stage's exit or stall failed (each once)",
+                                     labels=["stage"])
         stages = self.orchestrator.stages
         for name, handle in stages.handles.items():
             up.add_metric([name], 1.0 if handle.healthy else 0.0)
@@ -139,9 +142,11 @@ class _LiveCollector:
             for outcome in STAGE_OUTCOMES:
                 jobs.add_metric([name, outcome], float(getattr(c, outcome)))
             restarts.add_metric([name], float(stages.supervisors[name].restarts))
+            failed.add_metric([name], float(handle.failed_requests))
         yield up
         yield jobs
         yield restarts
+        yield failed
 
     def _interleaved(self) -> Iterator[Metric]:
         orch = self.orchestrator

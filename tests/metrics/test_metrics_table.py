@@ -221,6 +221,11 @@ def _restarts(s: dict[str, Scrape]) -> None:
         assert s["after"].value("sgl_omni_stage_restarts_total", stage=stage) == 0
 
 
+def _stage_failed_requests(s: dict[str, Scrape]) -> None:
+    for stage in ("reasoner", "generation"):  # no stage died
+        assert s["after"].value("sgl_omni_stage_failed_requests_total", stage=stage) == 0
+
+
 def _job_seconds(s: dict[str, Scrape]) -> None:
     after = s["after"]
     assert after.value("sgl_omni_stage_job_seconds_count", stage="generation",
@@ -267,6 +272,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_stage_up": _stage_up,
     "sgl_omni_stage_jobs_total": _stage_jobs,
     "sgl_omni_stage_restarts_total": _restarts,
+    "sgl_omni_stage_failed_requests_total": _stage_failed_requests,
     "sgl_omni_stage_job_seconds": _job_seconds,
     "sgl_omni_reasoner_context_bytes": _context_gauge,
     "sgl_omni_reasoner_context_media_total": _context_counter(

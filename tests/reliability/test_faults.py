@@ -1,8 +1,10 @@
 """Stage faults with requests in flight: ``kill -9`` (as the OOM killer does) and ``SIGSTOP``
 (a frozen stage) of each stage of the interleaved, text-only chat and direct generation
 servers. Each in-flight request ends within 2 s (plus the stall time for SIGSTOP) with a clear
-error naming the stage, the stage restarts (``/health`` back to 200 "ok" with a new pid), the
-next request succeeds, no temp file is left, and after a graceful stop no process is left.
+error naming the stage, the server's log and ``sgl_omni_stage_failed_requests_total`` count every
+request the fault failed (those waiting for the stage too), the stage restarts (``/health``
+back to 200 "ok" with a new pid), the next request succeeds, no temp file is left, and after a
+graceful stop no process is left.
 
 The servers run with quick supervision: a 0.2 s heartbeat, a 1 s stall time, a 0.2 s restart
 backoff and room for 10 restarts.
@@ -11,6 +13,7 @@ backoff and room for 10 restarts.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
 from tests.reliability.kit import (
@@ -144,6 +148,26 @@ def wait_restarted(server: TrackedServer, stage: str, old_pid: int) -> str | Non
            f"{health.status_code} {health.text}"
 
 
+def failed_requests(server: TrackedServer, stage: str) -> float:
+    """``sgl_omni_stage_failed_requests_total`` of ``stage``."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "sgl_omni_stage_failed_requests_total"
+                and s.labels.get("stage") == stage)
+
+
+def counted_problem(server: TrackedServer, stage: str, before: float, log_from: int,
+                    failed: int) -> str | None:
+    """None if the metric grew by ``failed`` and the log's line of the exit says ``failed``."""
+    counted = failed_requests(server, stage) - before
+    said = re.findall(rf"the {stage} stage process exited with code \S+; (\d+) request\(s\) "
+                      r"in flight failed with it", server.server.log()[log_from:])
+    if counted != failed or said != [str(failed)]:
+        return (f"{failed} request(s) failed, but sgl_omni_stage_failed_requests_total grew by "
+                f"{counted:g} and the log said {said}")
+    return None
+
+
 def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> None:
     baseline = server.temp_files()
     requests = in_flight(kind, stage) if kind != "direct" else []
@@ -154,6 +178,8 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
                                                      for r in requests if r.ended is not None]
     pid = server.server.stage_pid(stage)
     server.remember()
+    counted_before = failed_requests(server, stage)
+    log_from = len(server.server.log())
     signalled = time.monotonic()
     os.kill(pid, sig)
     bound = END_WITHIN_S + (STALL_S if sig == signal.SIGSTOP else 0)
@@ -165,6 +191,10 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
         if job is not None:
             problems.append(job)
     restarted = wait_restarted(server, stage, pid)
+    # every request in flight failed (the video job is one stage call)
+    counted = counted_problem(server, stage, counted_before, log_from, len(requests) or 1)
+    if counted is not None:
+        problems.append(counted)
     server.remember()
     if restarted is not None:
         problems.append(restarted)

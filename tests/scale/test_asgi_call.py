@@ -148,3 +148,29 @@ def test_a_websocket_session_takes_the_relayed_messages_and_sees_the_caller_leav
     assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send", "websocket.send"]
     assert [m["text"] for m in sent[1:]] == ["A", "B"]
     assert events == ["a", "b", 1006]
+
+
+def test_a_slow_answer_carries_keepalives_and_closing_still_disconnects() -> None:
+    from sglang_omni.scale.asgi_call import KEEPALIVE, with_keepalive
+
+    events: list[str] = []
+    app = make_app(events)
+
+    async def slow_then_close() -> tuple[list[Any], list[Any]]:
+        # /stubborn sends nothing for 60 s: keep-alives come meanwhile
+        stream = with_keepalive(call_asgi(app, http_scope(request("/stubborn")), b"",
+                                          grace_s=0.2), every_s=0.05)
+        items = [await anext(stream) for _ in range(3)]
+        await stream.aclose()  # the caller leaves: the app is told, then cancelled
+        # a quick answer passes through whole, with no keep-alive needed
+        answer = [item async for item in with_keepalive(
+            call_asgi(app, http_scope(request("/echo", b"hi", method="POST")), b"hi"),
+            every_s=5)]
+        return items, answer
+
+    items, answer = asyncio.run(asyncio.wait_for(slow_then_close(), 10))
+    assert items == [KEEPALIVE] * 3
+    assert events == ["cancelled"]
+    messages = [m for batch in answer for m in batch]
+    assert messages[0]["status"] == 201
+    assert b"".join(m.get("body", b"") for m in messages[1:]) == b'{"body":"hi","q":null,"h":"yes"}'

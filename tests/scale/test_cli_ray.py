@@ -88,3 +88,36 @@ def test_serve_ray_joins_the_cluster_and_cleans_up(cluster) -> None:  # type: ig
             out, _ = proc.communicate()
     assert proc.returncode == 0, out
     assert "omni" not in serve.status().applications
+
+
+@pytest.mark.parametrize("command", [["serve", "--config", SCRIPTED, "--ray"], ["replicas"]])
+def test_a_cluster_that_wants_a_token_is_named_at_once(command: list[str]) -> None:
+    """A cluster with token authentication (Ray 2.60's default where a token exists) refuses a
+    process joining by address without RAY_AUTH_MODE=token: the command says what to set and
+    exits 2 at once, where ray.init retried for 20 s. The cluster's GCS answers as Ray's does
+    (an UNAUTHENTICATED status to its first RPC)."""
+    pytest.importorskip("ray")
+    from concurrent import futures
+
+    import grpc
+    from ray.core.generated import gcs_service_pb2_grpc
+
+    class Refusing(gcs_service_pb2_grpc.NodeInfoGcsServiceServicer):
+        def GetClusterId(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "InvalidAuthToken: Authentication token is missing or incorrect")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(Refusing(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        began = time.monotonic()
+        done = sgl_omni(*command, "--ray-address", f"127.0.0.1:{port}", timeout=60)
+        took = time.monotonic() - began
+    finally:
+        server.stop(None)
+    assert done.returncode == 2, done.stderr
+    assert "requires token authentication" in done.stderr and "RAY_AUTH_MODE=token" in \
+        done.stderr, done.stderr
+    assert took < 15, took  # the interpreter's start and imports, not Ray's 20 s of retries

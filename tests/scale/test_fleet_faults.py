@@ -1,8 +1,9 @@
 """Faults in a fleet of two replicas (round robin, so each request's replica is known): a
 replica killed with ``kill -9`` mid-request fails its own requests with a clear error (a stream
 ends with ``event: error`` and ``[DONE]``) while the other replica's requests finish, and Ray
-replaces it; a client that disconnects aborts its request down to the generation stage; a replica
-whose ``/health`` turns unhealthy is passed over and replaced."""
+replaces it (listed as starting while its stages start); a client that disconnects aborts its
+request down to the generation stage; a replica whose ``/health`` turns unhealthy is passed over
+and replaced."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def held(seconds: float) -> str:
 @pytest.fixture(scope="module")
 def fleet(cluster: RayCluster) -> Fleet:
     # The generation stage is never restarted: its death leaves the replica unhealthy for good.
+    # The Reasoner takes 2 s to start, so a replacement replica is seen starting.
     return deploy(cluster, "--generation.factory.step_time_s", "0.01",
-                  "--generation.factory.max_restarts", "0", router="round_robin")
+                  "--generation.factory.max_restarts", "0",
+                  "--reasoner.factory.start_delay_s", "2", router="round_robin")
 
 
 class Call(threading.Thread):
@@ -120,10 +123,18 @@ def test_kill_9_of_a_replica_fails_only_its_requests_and_ray_replaces_it(fleet: 
         while not gone(stage) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert gone(stage), stage
-    after = fleet.wait(lambda stats: len(stats) == 2 and first not in {s["replica"] for s in stats}
-                       and all(s["health"] == "ok" for s in stats) and stats,
-                       timeout=60, what="a replacement replica")
+    starting: set[str] = set()
+
+    def replaced(stats: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        starting.update(s["replica"] for s in stats if s["health"] == "starting")
+        ids = {s["replica"] for s in stats}
+        return stats if (len(stats) == 2 and first not in ids
+                         and all(s["health"] == "ok" for s in stats)) else None
+
+    after = fleet.wait(replaced, timeout=60, what="a replacement replica")
     assert second in {s["replica"] for s in after}
+    # While its stages started, the replacement was listed as starting (not as unreachable).
+    assert starting == {s["replica"] for s in after} - {second}
     assert httpx.post(f"{fleet.url}/generate", json={"prompt": held(0), "stage_params": GEN},
                       timeout=30).status_code == 200
 

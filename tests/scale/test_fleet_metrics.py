@@ -60,6 +60,7 @@ def test_the_gateway_series_follow_the_replicas_under_their_own_label() -> None:
     assert own["sgl_omni_gateway_pending_body_bytes"] == ({"gateway": "g1"}, 300.0)
     assert own["sgl_omni_gateway_retries_total"] == ({"gateway": "g1", "status": "503"}, 1.0)
     assert own["sgl_omni_gateway_replica_exits_total"] == ({"gateway": "g1"}, 0.0)
+    assert own["sgl_omni_gateway_replica_silences_total"] == ({"gateway": "g1"}, 0.0)
     refusals = {s.labels["reason"]: s.value for s in families["sgl_omni_gateway_refusals"].samples
                 if s.name.endswith("_total")}
     assert refusals == {"body_budget": 1.0, "body_timeout": 0.0}

@@ -1,4 +1,6 @@
-"""``sgl-omni replicas`` lists a replica that does not answer instead of dropping it, and exits 1.
+"""``sgl-omni replicas`` lists a replica that does not answer instead of dropping it, and exits 1;
+a replica still starting (Ray answers its stats call with an error until its server started) is
+listed as starting, and the command exits 0.
 
 Ray's actor calls are replaced here (the fleet tests drive the real thing); what is checked is
 the listing a user reads when one replica is stuck."""
@@ -21,6 +23,7 @@ ANSWER = {"replica": "aaaa", "pid": 7, "health": "ok", "in_flight": 0,
 class _Actor:
     def __init__(self, ref: str) -> None:
         self.record_routing_stats = type("M", (), {"remote": staticmethod(lambda: ref)})
+        self.was_initialized = type("M", (), {"remote": staticmethod(lambda: "init:" + ref)})
 
 
 def _fake_cluster(monkeypatch: pytest.MonkeyPatch, refs: dict[str, str]) -> None:
@@ -31,6 +34,13 @@ def _fake_cluster(monkeypatch: pytest.MonkeyPatch, refs: dict[str, str]) -> None
             raise ray.exceptions.GetTimeoutError("timed out")
         if ref == "dead":
             raise ray.exceptions.RayActorError()
+        if ref.startswith("init:"):  # was_initialized
+            return ref != "init:starting"
+        if ref in ("starting", "broken"):  # Ray's error until the constructor returned
+            raise ray.exceptions.RayTaskError(
+                "record_routing_stats", "Traceback ...", RuntimeError(
+                    "`initialize_callable` must be called before "
+                    "`call_user_record_routing_stats`."))
         return ANSWER
 
     monkeypatch.setattr(launch.ray, "init", lambda **_: None)
@@ -58,3 +68,20 @@ def test_all_answering_exits_0(monkeypatch: pytest.MonkeyPatch,
     _fake_cluster(monkeypatch, {"aaaa": "ok"})
     assert launch.print_replicas("auto", "omni") == 0
     assert "generations 1; stage free in 0.0 s, admits 4" in capsys.readouterr().out
+
+
+def test_a_starting_replica_is_listed_as_starting_and_exits_0(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_cluster(monkeypatch, {"aaaa": "ok", "bbbb": "starting"})
+    assert launch.print_replicas("auto", "omni") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1] == "bbbb starting: its server is starting its stages"
+    assert [s["health"] for s in launch.replica_stats()] == ["ok", "starting"]
+
+
+def test_an_initialized_replica_whose_stats_call_fails_is_unreachable(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_cluster(monkeypatch, {"aaaa": "ok", "bbbb": "broken"})
+    assert launch.print_replicas("auto", "omni") == 1
+    assert capsys.readouterr().out.strip().splitlines()[1].startswith(
+        "bbbb unreachable (RayTaskError")

@@ -1,0 +1,277 @@
+"""Fleet chaos: faults in a fleet of replicas under steady streaming load, and what clients saw.
+
+Usage: python benchmarks/fleet_faults.py [--runs 3] [--replicas 2] [--clients 8]
+       [--step-time 0.05] [--faults replica-kill,stage-kill,replica-stop] [--stop-s 45]
+       [--json FILE]
+
+Starts a local Ray instance, deploys the interleaved pipeline with the scripted engines
+(``configs/cpu-scripted.yaml``, the ``deadline`` router, Ray's default health checks) on
+``--replicas`` replicas, and keeps ``--clients`` clients sending streamed ``/generate`` requests
+back to back (each: two image generations of 4 steps of ``--step-time`` s, then a final text).
+Once the fleet has served a steady while, each fault in turn hits one replica:
+
+* ``replica-kill``: ``kill -9`` of the replica's server process;
+* ``stage-kill``: ``kill -9`` of the generation stage process inside one replica;
+* ``replica-stop``: ``SIGSTOP`` of the replica's server process, ``SIGCONT`` once Ray has
+  replaced it and ``--stop-s`` seconds have passed (the process then sees its stages gone while
+  Ray stops it: no client may hear of that).
+
+For each fault the table shows: ``in flight``, the faulted replica's requests in flight just
+before (its routing stats); ``failed``, requests that ended without a complete answer from the
+fault until the fleet recovered (target: only those of the faulted replica, so ``failed`` <=
+``in flight`` plus what reached it before it was passed over); ``framed``, of those, the ones
+that ended as the route frames an error (``event: error`` then ``[DONE]``; target: all);
+``cause named``, of those, the ones whose error names the fault (:data:`CAUSES`: the replica
+exited, the generation stage, the replica stopped answering; target: all);
+``answered s``, from the fault until the last of them ended (target for a frozen replica: 10);
+``around s``, from the fault until the last request sent that failed (0: no request sent after
+the fault failed; new requests went around it); ``replaced s``, from the fault until every
+replica was healthy again with the faulted one replaced (a stage: restarted, the replica
+healthy); ``after``, requests that failed after that (target 0). Each run deploys afresh;
+with ``--runs`` over 1, each cell is the median and the range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+
+from sglang_omni.scale.builder import build
+from sglang_omni.scale.launch import replica_stats
+from sglang_omni.scale.spec import ScaleOptions, ServerSource
+
+ROOT = Path(__file__).parents[1]
+CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
+APP = "omni"
+FAULTS = ("replica-kill", "stage-kill", "replica-stop")
+#: What a failed request's error must say for each fault (its true cause).
+CAUSES = {"replica-kill": "the replica serving this request exited",
+          "stage-kill": "the generation stage", "replica-stop": "stopped answering"}
+#: Seconds of load before the first fault and between recovery and the next fault.
+STEADY_S = 5.0
+#: Seconds a fault may take to recover before the run gives up on it.
+RECOVER_WITHIN_S = 180.0
+
+
+@dataclass
+class Outcome:
+    sent: float
+    ended: float = 0.0
+    end: str = ""  # complete, refused, framed (an error framed as the route frames it), cut
+    message: str = ""  # a framed error's message
+
+
+@dataclass
+class Load:
+    """Closed-loop clients: each sends its next request when the last ended."""
+
+    url: str
+    clients: int
+    outcomes: list[Outcome] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def body(self, n: int) -> dict[str, Any]:
+        entries = [{"action": "image", "prompt": f"p{n}-{i}"} for i in range(2)]
+        entries.append({"action": "final", "text": "done"})
+        return {"prompt": f"<omni-script>{json.dumps(entries)}</omni-script> go",
+                "stream": True, "stage_params": {"generation": {
+                    "width": 32, "height": 32, "seed": n, "num_inference_steps": 4}}}
+
+    async def client(self, index: int) -> None:
+        limits = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+            n = index
+            while not self.stop.is_set():
+                out = Outcome(time.monotonic())
+                self.outcomes.append(out)
+                try:
+                    async with http.stream("POST", f"{self.url}/generate",
+                                           json=self.body(n)) as resp:
+                        text = (await resp.aread()).decode()
+                        status = resp.status_code
+                except httpx.HTTPError:
+                    out.end, out.ended = "cut", time.monotonic()
+                    continue
+                out.ended = time.monotonic()
+                if status == 503:
+                    out.end = "refused"
+                elif status == 200 and "event: complete" in text:
+                    out.end = "complete"
+                elif status == 200 and "event: error" in text and \
+                        text.rstrip().endswith("data: [DONE]"):
+                    out.end = "framed"
+                    error = text.rsplit("event: error\ndata: ", 1)[1].split("\n", 1)[0]
+                    out.message = str(json.loads(error).get("message", ""))
+                elif status != 200 and text.startswith("{") and '"error"' in text:
+                    out.end = "framed"
+                    out.message = str(json.loads(text)["error"].get("message", ""))
+                else:
+                    out.end = "cut"
+                n += self.clients
+
+    def run(self) -> threading.Thread:
+        async def main() -> None:
+            await asyncio.gather(*(self.client(i) for i in range(self.clients)))
+
+        thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+        thread.start()
+        return thread
+
+
+def deploy(args: argparse.Namespace) -> None:
+    if APP in serve.status().applications:
+        serve.delete(APP)
+    overrides = {"generation.factory.step_time_s": args.step_time,
+                 "orchestrator.factory.timeout_s": 120, "orchestrator.factory.max_active": 64}
+    source = ServerSource.from_file(CONFIG, overrides)
+    serve.run(build(source, ScaleOptions(replicas=args.replicas)), name=APP, route_prefix="/")
+    healthy(args.replicas, set(), RECOVER_WITHIN_S)
+
+
+def healthy(replicas: int, gone: set[str], within_s: float,
+            stage_pid: tuple[str, int] | None = None) -> float:
+    """Wait until ``replicas`` replicas are ok, none of them in ``gone``, and (``stage_pid``:
+    replica, old pid) that replica's generation stage has a new pid; when it happened."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        stats = replica_stats(APP, timeout_s=2)
+        ok = [s for s in stats if s.get("health") == "ok" and s["replica"] not in gone]
+        restarted = stage_pid is None or any(
+            s["replica"] == stage_pid[0] and s["stages"]["generation"]["pid"] != stage_pid[1]
+            for s in ok)
+        if len(ok) >= replicas and restarted:
+            return time.monotonic()
+        time.sleep(0.1)
+    raise RuntimeError(f"the fleet did not recover within {within_s:g} s")
+
+
+def fault(kind: str, load: Load, args: argparse.Namespace) -> dict[str, Any]:
+    """Hit one replica with ``kind`` and measure what the clients saw."""
+    time.sleep(STEADY_S)  # steady load (the benchmark paces itself; nothing to sync on)
+    stats = sorted(replica_stats(APP), key=lambda s: -s["in_flight"])
+    victim = stats[0]
+    in_flight = victim["in_flight"]
+    at = time.monotonic()
+    if kind == "replica-kill":
+        os.kill(victim["pid"], signal.SIGKILL)
+        back = healthy(args.replicas, {victim["replica"]}, RECOVER_WITHIN_S)
+    elif kind == "stage-kill":
+        pid = victim["stages"]["generation"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        back = healthy(args.replicas, set(), RECOVER_WITHIN_S, (victim["replica"], pid))
+    else:
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            back = healthy(args.replicas, {victim["replica"]}, RECOVER_WITHIN_S)
+            time.sleep(max(0.0, at + args.stop_s - time.monotonic()))
+        finally:
+            os.kill(victim["pid"], signal.SIGCONT)
+    time.sleep(STEADY_S)  # requests after the recovery
+    settled = time.monotonic()
+    window = [o for o in load.outcomes if o.ended and o.ended >= at and o.sent <= settled]
+    failed = [o for o in window if o.end in ("framed", "cut") and o.sent <= back]
+    after = [o for o in window if o.end in ("framed", "cut") and o.sent > back]
+    return {
+        "fault": kind, "in_flight": in_flight, "failed": len(failed),
+        "framed": sum(o.end == "framed" for o in failed),
+        "named": sum(CAUSES[kind] in o.message for o in failed),
+        "answered_s": max((o.ended - at for o in failed), default=0.0),
+        "around_s": max((o.sent - at for o in failed if o.sent > at), default=0.0),
+        "replaced_s": back - at, "after": len(after),
+        "served": sum(o.end == "complete" for o in window),
+    }
+
+
+def run_once(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
+    deploy(args)
+    load = Load(url, args.clients)
+    thread = load.run()
+    rows = []
+    try:
+        for kind in args.faults.split(","):
+            rows.append(fault(kind, load, args))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        load.stop.set()
+        thread.join(120)
+    before = [o for o in load.outcomes if o.ended and o.end in ("framed", "cut")]
+    if not rows or len(before) != sum(r["failed"] + r["after"] for r in rows):
+        print(f"note: {len(before)} failed requests in all", file=sys.stderr)
+    return rows
+
+
+def cell(values: list[float], digits: int) -> str:
+    mid = statistics.median(values)
+    text = f"{mid:.{digits}f}"
+    if len(values) > 1:
+        text += f" ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    return text
+
+
+COLUMNS = [("in flight", "in_flight", 0), ("failed", "failed", 0), ("framed", "framed", 0),
+           ("cause named", "named", 0),
+           ("answered s", "answered_s", 1), ("around s", "around_s", 1),
+           ("replaced s", "replaced_s", 1), ("after", "after", 0), ("served", "served", 0)]
+
+
+def markdown(runs: list[list[dict[str, Any]]]) -> str:
+    lines = ["| fault | " + " | ".join(c for c, _, _ in COLUMNS) + " |",
+             "|---|" + "---|" * len(COLUMNS)]
+    for kind in [r["fault"] for r in runs[0]]:
+        rows = [r for run in runs for r in run if r["fault"] == kind]
+        lines.append(f"| {kind} | " + " | ".join(
+            cell([float(r[key]) for r in rows], digits) for _, key, digits in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--stop-s", type=float, default=20.0,
+                        help="seconds a stopped replica stays stopped at least")
+    parser.add_argument("--json", help="also write every run's rows to this file")
+    args = parser.parse_args()
+    unknown = set(args.faults.split(",")) - set(FAULTS)
+    if unknown:
+        parser.error(f"--faults: unknown {', '.join(sorted(unknown))}; one of {FAULTS}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=4 * args.replicas + 4, namespace="serve", log_to_driver=False,
+             logging_level="error")
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    runs = []
+    try:
+        for _ in range(args.runs):
+            runs.append(run_once(args, f"http://127.0.0.1:{port}"))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    print(f"{args.replicas} replicas, {args.clients} clients, {len(runs)} run(s)")
+    print(markdown(runs))
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

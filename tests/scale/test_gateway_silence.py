@@ -1,0 +1,90 @@
+"""The gateway tells a frozen replica from a slow answer (no Ray cluster: a scripted call): a
+call whose replica sends keep-alives for longer than the silence limit is relayed whole, one
+that brings nothing for the limit fails naming the replica's silence, and the routers of the
+gateway's process pass that replica over from then on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+from sglang_omni.config.server import ServerSettings  # noqa: E402
+from sglang_omni.scale import silent_replicas  # noqa: E402
+from sglang_omni.scale.asgi_call import KEEPALIVE, STREAM_END  # noqa: E402
+from sglang_omni.scale.gateway import OmniGateway, ReplicaSilent  # noqa: E402
+from sglang_omni.scale.routers import excluded  # noqa: E402
+
+SILENCE_S = 0.3
+ANSWER = [{"type": "http.response.start", "status": 200, "headers": []},
+          {"type": "http.response.body", "body": b"ok", "more_body": False}]
+
+
+class ScriptedCall:
+    """A replica call's stream: its items, each after ``gap_s``; then, if ``hang``, nothing."""
+
+    def __init__(self, items: list[Any], gap_s: float, hang: bool = False) -> None:
+        self.items, self.gap_s, self.hang = list(items), gap_s, hang
+
+    async def __anext__(self) -> Any:
+        if not self.items:
+            if self.hang:
+                await asyncio.Event().wait()
+            raise StopAsyncIteration
+        await asyncio.sleep(self.gap_s)
+        return self.items.pop(0)
+
+
+def gateway() -> OmniGateway:
+    return OmniGateway(None, ServerSettings(), retries=0, replica_count=2,  # type: ignore[arg-type]
+                       replica_silence_s=SILENCE_S)
+
+
+async def relayed(call: ScriptedCall, replica: str) -> list[Any]:
+    return [m async for batch in gateway()._batches(call, replica)  # type: ignore[arg-type]
+            for m in batch]
+
+
+def test_keepalives_keep_a_slow_answer_going() -> None:
+    # eight keep-alives, 0.1 s apart: 0.8 s with nothing but keep-alives, over the 0.3 s limit
+    call = ScriptedCall([KEEPALIVE] * 8 + [ANSWER, STREAM_END], gap_s=0.1)
+    assert asyncio.run(relayed(call, "slow")) == ANSWER
+    assert "slow" not in silent_replicas.silent()
+
+
+def test_a_silent_replica_fails_its_call_and_is_passed_over() -> None:
+    call = ScriptedCall([ANSWER[:1]], gap_s=0.0, hang=True)
+    began = time.monotonic()
+    with pytest.raises(ReplicaSilent, match=r"\(frozen1\) stopped answering: nothing came "
+                                            r"from it for 0.3 s"):
+        asyncio.run(asyncio.wait_for(relayed(call, "frozen1"), 10))
+    assert time.monotonic() - began < 5
+    assert "frozen1" in silent_replicas.silent()
+    assert "frozen1" in excluded(None)  # the routers leave it out, as a replica that refused
+
+
+
+def test_a_replica_logs_that_it_was_frozen(caplog: pytest.LogCaptureFixture) -> None:
+    """After SIGCONT the replica's log names the freeze (what follows, such as its stages'
+    exits, is the freeze's doing); a punctual tick logs nothing. The clock is scripted: a
+    punctual second, then one 8.5 s late."""
+    from sglang_omni.scale.replica import _watch_freezes
+
+    ticks = iter([0.0, 1.0, 1.0, 10.5, 10.5])
+
+    async def watch() -> None:
+        task = asyncio.ensure_future(_watch_freezes(lambda: next(ticks)))
+        while "frozen" not in caplog.text:
+            await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level("WARNING", logger="sglang_omni.scale"):
+        asyncio.run(asyncio.wait_for(watch(), 10))
+    assert [r.getMessage() for r in caplog.records] == [
+        "this replica was frozen for 8.5 s (its process stopped or its event loop blocked): "
+        "the gateway failed the requests it was serving ('the replica ... stopped answering') "
+        "and passes it over; stage exits that follow are the freeze's doing"]
