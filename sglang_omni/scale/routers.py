@@ -121,7 +121,9 @@ class DeadlineRouter(RequestRouter):
         if call is None or call.ended is not None:
             call = _Call(now)
         call.sent_for_sure = call.sent_for_sure or sent
-        call.call_id = call_id(pending) or call.call_id
+        new_id = call_id(pending)
+        if new_id is not None and new_id != call.call_id:  # a new call: not listed yet
+            call.call_id, call.listed = new_id, False
         self._calls.setdefault(key, {})[rid] = call
         self._where[rid] = key
 
@@ -149,7 +151,9 @@ class DeadlineRouter(RequestRouter):
         calls it holds); for a call without an id, when it was chosen :data:`TRANSIT_S` before
         the stats were recorded. A call in flight that the stats do not count (still on its way) is
         ``unseen``; one that ended but is still counted there is
-        ``ended``."""
+        ``ended``. A call the stats listed and no longer list has ended there (its end may
+        never reach the router: Ray does not report every call's completion), as has one
+        they never listed within :data:`UNSENT_S`."""
         calls = self._calls.get(key)
         if not calls:
             return Since()
@@ -159,10 +163,13 @@ class DeadlineRouter(RequestRouter):
         for rid, call in list(calls.items()):
             if call.call_id is not None and held is not None:
                 counted = call.call_id in held
+                gone = not counted and (call.listed or now - call.sent > UNSENT_S)
+                call.listed = call.listed or counted
             else:
                 counted = call.sent <= at - TRANSIT_S and (call.ended is None
                                                            or call.ended > at)
-            if ((call.ended is not None and not counted) or now - call.sent > FORGET_S
+                gone = False
+            if ((call.ended is not None and not counted) or gone or now - call.sent > FORGET_S
                     or (not call.sent_for_sure and now - call.sent > UNSENT_S)):
                 del calls[rid]
                 self._where.pop(rid, None)
@@ -202,13 +209,15 @@ class DeadlineRouter(RequestRouter):
 class _Call:
     """One request the router sent: when, whether Ray confirmed it (``sent_for_sure``), its
     calls not yet completed (``open``: a session and its messages share one request id), when
-    the last ended, and the gateway's id of the call (``call_id``, None for calls without)."""
+    the last ended, the gateway's id of the call (``call_id``, None for calls without) and
+    whether the replica's stats have listed it (``listed``)."""
 
     sent: float
     ended: float | None = None
     sent_for_sure: bool = False
     open: int = 0
     call_id: str | None = None
+    listed: bool = False
 
 
 class RoundRobinRouter(RequestRouter):

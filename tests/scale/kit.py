@@ -106,8 +106,16 @@ def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "d
     fleet = Fleet(cluster.url, replicas)
     fleet.wait(lambda s: len(s) == replicas and all(r["health"] == "ok" for r in s),
                DEPLOY_TIMEOUT_S, f"{replicas} healthy replicas")
-    time.sleep(1.0)
+    settle(fleet)
     return fleet
+
+
+def settle(fleet: Fleet) -> None:
+    """Let the stats the replicas show now reach the gateway's router. Ray polls each replica's
+    stats every stats period (0.5 s by default) and hands them to the router, whose copy no
+    call can read: three periods (the one in progress, a poll, its delivery) is the one wait
+    here that is not on an event the product exposes."""
+    time.sleep(1.5)
 
 
 def gateway_metric(fleet: Fleet, name: str, **labels: str) -> float:

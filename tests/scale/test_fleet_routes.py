@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray")
 
 from tests.kit import parse_sse, script  # noqa: E402
-from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
+from tests.scale.kit import ON_GPUS, Fleet, RayCluster, deploy, gateway_metric, settle  # noqa: E402
 from tests.server import SCRIPTED_UMM, Server  # noqa: E402
 from tests.wire.kit import (  # noqa: E402
     connect,
@@ -211,6 +211,7 @@ def test_requests_spread_across_the_replicas(fleet: Fleet) -> None:
                 break
             assert list(pool.map(one, range(2))) == [200] * 2
     assert min(longest_generation(fleet).values()) >= 1.0, longest_generation(fleet)
+    settle(fleet)  # the router's copy of the stats must show the new measurements too
     before = {s["replica"]: s["answers"].get("2xx", 0) for s in fleet.stats()}
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         assert list(pool.map(one, range(6))) == [200] * 6

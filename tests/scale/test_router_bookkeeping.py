@@ -81,3 +81,14 @@ def test_a_call_counts_until_the_replica_lists_it_however_late_it_arrives() -> N
     a.routing_stats.update(calls=[], in_flight=0)  # and forgotten once the stats drop it
     assert first_choices(router, [a, b]) == {"a", "b"}
     assert router._calls["a"] == {}
+
+
+def test_a_call_the_stats_listed_and_dropped_is_forgotten_though_its_end_never_came() -> None:
+    """Ray does not report every call's completion: a call the replica listed and no longer
+    lists has ended there, and must not hold the replica's place for good."""
+    router = new_router()
+    a, b = replica("a", time.time(), calls=["c1"]), replica("b", time.time(), calls=[])
+    router.on_request_routed(call("req", call_id="c1"), a.replica_id, None)
+    assert first_choices(router, [a, b]) == {"b"}  # listed: the stats count it
+    a.routing_stats.update(calls=[], in_flight=0, at=time.time())  # over; no completion came
+    assert first_choices(router, [a, b]) == {"a", "b"}
