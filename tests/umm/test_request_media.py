@@ -9,6 +9,7 @@ restarts."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import signal
@@ -19,6 +20,10 @@ import pytest
 from PIL import Image
 
 from sglang_omni.engines.synth_media import encode_png, frame_pixels
+from sglang_omni.errors import StageDied
+from sglang_omni.media.settings import policy_from_spec
+from sglang_omni.pipeline.reasoner_media import ReasonerMedia
+from sglang_omni.runtime.request_media import RequestMediaStore
 from tests.media.media_http_server import PNG, MediaServer, serving
 from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_UMM, Server
@@ -179,3 +184,49 @@ def test_a_reasoner_restart_mid_request_fails_it_and_the_retry_reads_everything(
         {"kind": "image", "sha256": sha256(CLIENT_PNG)},
         {"kind": "image", "sha256": sha256(PNG)},
         {"kind": "image", "sha256": sha256(made)}]
+
+
+# --- the two ends, without processes --------------------------------------------------------------
+class _Handle:
+    """What ReasonerMedia reads of a stage handle."""
+
+    def __init__(self) -> None:
+        self.name = "reasoner"
+        self.process_generation = 1
+
+
+def _turn(*urls: str) -> dict:
+    return {"messages": [{"role": "system", "content": "guide"}, {"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        *({"type": "image_url", "image_url": {"url": url}} for url in urls)]}],
+        "message_offset": 1}
+
+
+def test_each_item_is_sent_once_and_a_lost_stage_fails_the_turn() -> None:
+    media, handle, store = ReasonerMedia("r1", policy_from_spec({})), _Handle(), \
+        RequestMediaStore("reasoner")
+    inline = png_data_url(CLIENT_PNG)
+
+    async def turn(frames: list[bytes], *urls: str) -> tuple[list[int], list]:
+        call = await media.prepare(handle, _turn(inline, *urls), frames)  # type: ignore[arg-type]
+        assert inline not in json.dumps(call.payload)  # no base64 inside the header
+        job_frames = store.frames_for("r1", call.media, call.frames)
+        media.sent(handle, call)  # type: ignore[arg-type]
+        return [len(f) for f in call.frames], job_frames
+
+    sent, seen = asyncio.run(turn([]))
+    assert sent == [len(CLIENT_PNG)] and seen == [CLIENT_PNG]
+    sent, seen = asyncio.run(turn([b"g0"], "omni-frame://0"))
+    assert sent == [2] and seen == [CLIENT_PNG, b"g0"]  # only the new item crossed
+    sent, seen = asyncio.run(turn([b"g0", b"g1"], "omni-frame://0", "omni-frame://1"))
+    assert sent == [2] and seen == [CLIENT_PNG, b"g0", b"g1"]
+    assert store.stats()["bytes"] == len(CLIENT_PNG) + 4
+    handle.process_generation = 2  # the stage restarted: what it held is gone
+    with pytest.raises(StageDied, match="restarted .* retry the request"):
+        asyncio.run(turn([b"g0", b"g1"]))
+    fresh = RequestMediaStore("reasoner")
+    with pytest.raises(StageDied, match="no longer holds 1 media item"):
+        fresh.frames_for("r1", {"keys": ["c0"], "new": []}, [])
+    store.release("r1")
+    assert store.stats()["bytes"] == 0 and store.stats()["requests"] == 0
+    media.close()
