@@ -60,8 +60,6 @@ class ReasonerMedia:
         self._client_keys: dict[str, str] = {}
         self._unsent: dict[str, bytes] = {}
         self._stages: dict[str, _StageState] = {}
-        #: Counts the request's fetched and decoded bytes against ``max_media_bytes``.
-        self._workdir: RequestMediaDir | None = None
 
     async def prepare(self, handle: StageHandle, payload: Mapping[str, Any],
                       frames: Frames) -> ReasonerCall:
@@ -79,18 +77,20 @@ class ReasonerMedia:
         keys: list[str] = []
         items: dict[str, bytes | bytearray] = {}
         offset = int(payload.get("message_offset", 0) or 0)
-        for part in list(iter_content_parts(messages, offset)):
-            if part.kind not in MEDIA_PART_KINDS.values() or part.url is None:
-                continue
-            found = await self._item(part.url, part.label, frames)
-            if found is None:
-                continue  # a local file: the stage reads it
-            key, data = found
-            url = f"{FRAME_SCHEME}{len(keys)}"
-            keys.append(key)
-            if key not in state.held:
-                items[key] = data
-            _replace_url(messages, part.message_index + offset, part.part_index, url)
+        # the turn's fetched and decoded bytes count against max_media_bytes, as on the stage
+        with RequestMediaDir() as workdir:
+            for part in list(iter_content_parts(messages, offset)):
+                if part.kind not in MEDIA_PART_KINDS.values() or part.url is None:
+                    continue
+                found = await self._item(part.url, part.label, frames, workdir)
+                if found is None:
+                    continue  # a local file: the stage reads it
+                key, data = found
+                url = f"{FRAME_SCHEME}{len(keys)}"
+                keys.append(key)
+                if key not in state.held:
+                    items[key] = data
+                _replace_url(messages, part.message_index + offset, part.part_index, url)
         new = list(items)
         return ReasonerCall({**payload, "messages": messages}, {"keys": keys, "new": new},
                             [items[key] for key in new])
@@ -105,7 +105,7 @@ class ReasonerMedia:
         for key in call.media["new"]:
             self._unsent.pop(key, None)
 
-    async def _item(self, url: str, label: str, frames: Frames
+    async def _item(self, url: str, label: str, frames: Frames, workdir: RequestMediaDir
                     ) -> tuple[str, bytes | bytearray] | None:
         """(key, bytes) of the medium ``url`` names; None for a local file."""
         if url.startswith(FRAME_SCHEME):
@@ -118,20 +118,16 @@ class ReasonerMedia:
             return key, self._unsent.get(key, b"")
         if isinstance(self.policy.resolve(url, label=label), LocalMedia):
             return None
-        if self._workdir is None:
-            self._workdir = RequestMediaDir()
-        data = await load_bytes(url, self.policy, self._workdir, label=label)
+        data = await load_bytes(url, self.policy, workdir, label=label)
         key = f"c{len(self._client_keys)}"
         self._client_keys[url] = key
         self._unsent[key] = data
         return key, data
 
     def close(self) -> None:
-        """Drop what the request kept here (its folder too); idempotent."""
+        """Drop what the request kept here; idempotent."""
         self._unsent.clear()
         self._client_keys.clear()
-        if self._workdir is not None:
-            self._workdir.close()
 
 
 def _replace_url(messages: list[Any], index: int, part_index: int, url: str) -> None:
