@@ -78,7 +78,7 @@ class ReasonerMedia:
         items: dict[str, bytes | bytearray] = {}
         offset = int(payload.get("message_offset", 0) or 0)
         # the turn's fetched and decoded bytes count against max_media_bytes, as on the stage
-        with RequestMediaDir() as workdir:
+        with _TurnDir() as workdir:
             for part in list(iter_content_parts(messages, offset)):
                 if part.kind not in MEDIA_PART_KINDS.values() or part.url is None:
                     continue
@@ -105,7 +105,7 @@ class ReasonerMedia:
         for key in call.media["new"]:
             self._unsent.pop(key, None)
 
-    async def _item(self, url: str, label: str, frames: Frames, workdir: RequestMediaDir
+    async def _item(self, url: str, label: str, frames: Frames, workdir: _TurnDir
                     ) -> tuple[str, bytes | bytearray] | None:
         """(key, bytes) of the medium ``url`` names; None for a local file."""
         if url.startswith(FRAME_SCHEME):
@@ -118,7 +118,7 @@ class ReasonerMedia:
             return key, self._unsent.get(key, b"")
         if isinstance(self.policy.resolve(url, label=label), LocalMedia):
             return None
-        data = await load_bytes(url, self.policy, workdir, label=label)
+        data = await load_bytes(url, self.policy, workdir.get(), label=label)
         key = f"c{len(self._client_keys)}"
         self._client_keys[url] = key
         self._unsent[key] = data
@@ -128,6 +128,26 @@ class ReasonerMedia:
         """Drop what the request kept here; idempotent."""
         self._unsent.clear()
         self._client_keys.clear()
+
+
+class _TurnDir:
+    """The turn's media folder, made only when a client medium is read (most turns read
+    none); removed when the ``with`` block ends."""
+
+    def __init__(self) -> None:
+        self._dir: RequestMediaDir | None = None
+
+    def get(self) -> RequestMediaDir:
+        if self._dir is None:
+            self._dir = RequestMediaDir()
+        return self._dir
+
+    def __enter__(self) -> _TurnDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._dir is not None:
+            self._dir.close()
 
 
 def _replace_url(messages: list[Any], index: int, part_index: int, url: str) -> None:
