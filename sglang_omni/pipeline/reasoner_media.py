@@ -7,10 +7,9 @@ all name ``omni-frame://i`` (the turn's ``job.frames``), a list of stable per-re
 those frames, and the bytes of only the items the stage process does not hold yet
 (``runtime.request_media`` keeps them there until the request ends).
 
-* Client media given inline (``data:`` URLs, bare base64) are decoded once, and remote URLs
-  fetched once, under the media policy, on the request's first turn: every turn reads the same
-  bytes, and no base64 travels inside a stage message header. Local files stay paths (the stage
-  reads them; nothing of them crosses but the path).
+* Client media are read once, under the media policy, on the request's first turn: inline ones
+  (``data:`` URLs, bare base64) decoded, remote URLs fetched, local files read. Every turn reads
+  the same bytes, and no base64 travels inside a stage message header.
 * Generated media are the adapter's frames: frame *N* keeps its key for the request (an
   adapter's ``frames`` list only grows, and an index always names the same bytes).
 * When the stage process that holds the items is gone (it restarted mid-request), the turn fails
@@ -27,7 +26,7 @@ from typing import Any
 from sglang_omni.engines.base import FRAME_SCHEME
 from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, StageDied
-from sglang_omni.media import LocalMedia, MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts
 from sglang_omni.runtime.stage_handle import StageHandle
 
@@ -82,10 +81,7 @@ class ReasonerMedia:
             for part in list(iter_content_parts(messages, offset)):
                 if part.kind not in MEDIA_PART_KINDS.values() or part.url is None:
                     continue
-                found = await self._item(part.url, part.label, frames, workdir)
-                if found is None:
-                    continue  # a local file: the stage reads it
-                key, data = found
+                key, data = await self._item(part.url, part.label, frames, workdir)
                 url = f"{FRAME_SCHEME}{len(keys)}"
                 keys.append(key)
                 if key not in state.held:
@@ -106,8 +102,8 @@ class ReasonerMedia:
             self._unsent.pop(key, None)
 
     async def _item(self, url: str, label: str, frames: Frames, workdir: _TurnDir
-                    ) -> tuple[str, bytes | bytearray] | None:
-        """(key, bytes) of the medium ``url`` names; None for a local file."""
+                    ) -> tuple[str, bytes | bytearray]:
+        """(key, bytes) of the medium ``url`` names."""
         if url.startswith(FRAME_SCHEME):
             index = url[len(FRAME_SCHEME):]
             if not index.isdigit() or int(index) >= len(frames):
@@ -116,8 +112,6 @@ class ReasonerMedia:
         key = self._client_keys.get(url)
         if key is not None:
             return key, self._unsent.get(key, b"")
-        if isinstance(self.policy.resolve(url, label=label), LocalMedia):
-            return None
         data = await load_bytes(url, self.policy, workdir.get(), label=label)
         key = f"c{len(self._client_keys)}"
         self._client_keys[url] = key

@@ -14,6 +14,7 @@ import io
 import json
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,9 +65,15 @@ def media_host() -> Iterator[MediaServer]:
 
 
 @pytest.fixture(scope="module")
-def server(media_host: MediaServer) -> Iterator[Server]:
+def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("allowed")
+
+
+@pytest.fixture(scope="module")
+def server(media_host: MediaServer, media_root: Path) -> Iterator[Server]:
     with Server(*SCRIPTED_UMM, "--generation.factory.step_time_s", "0.02",
                 "--allowed-media-domain", "127.0.0.1",
+                "--allowed-local-media-path", str(media_root),
                 *fast("reasoner", "generation")) as srv:
         yield srv
 
@@ -86,6 +93,12 @@ def sent_to_reasoner(server: Server) -> float:
 
 def held_by_reasoner(server: Server) -> float:
     return Scrape(server).value("sgl_omni_stage_request_media_bytes", stage="reasoner")
+
+
+def settled(server: Server) -> None:
+    """Wait until the Reasoner stage holds no request's media (the last test's requests ended):
+    what it holds next is the test's own."""
+    wait_for(lambda: held_by_reasoner(server) == 0, timeout=20)
 
 
 def expected_image(prompt: str) -> bytes:
@@ -134,8 +147,31 @@ def test_bytes_sent_grow_with_media_not_with_turns(server: Server,
     assert costs[1] - costs[0] <= 5 * HEADER_ALLOWANCE, costs
 
 
+def test_every_turn_reads_the_bytes_the_first_turn_read(server: Server,
+                                                        media_root: Path) -> None:
+    """A local file rewritten mid-request: the later turn still reads what the first read."""
+    settled(server)
+    picture = media_root / "changing.png"
+    picture.write_bytes(PNG)
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": script(image("!sleep=2 slow"), final("{media}"))},
+        {"type": "image_url", "image_url": {"url": str(picture)}}]}],
+        "stage_params": {"generation": SMALL}}
+    with HTTP.stream("POST", f"{server.url}/v1/chat/completions",
+                     json={**body, "stream": True}) as resp:
+        assert resp.status_code == 200
+        wait_for(lambda: held_by_reasoner(server) >= len(PNG), timeout=20)  # turn 1 read it
+        picture.write_bytes(CLIENT_PNG)
+        raw = resp.read().decode()
+    answer = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                     for line in raw.splitlines()
+                     if line.startswith("data: {"))
+    assert json.loads(answer)[0] == {"kind": "image", "sha256": sha256(PNG)}
+
+
 def test_stage_drops_the_media_when_the_request_ends(server: Server,
                                                      media_host: MediaServer) -> None:
+    settled(server)
     body = chat_body(media_host, [image("!sleep=2 slow"), final("done")], "/ok.png")
     with HTTP.stream("POST", f"{server.url}/v1/chat/completions",
                      json={**body, "stream": True}) as resp:
@@ -148,6 +184,7 @@ def test_stage_drops_the_media_when_the_request_ends(server: Server,
 
 def test_stage_drops_the_media_of_an_aborted_turn(server: Server,
                                                   media_host: MediaServer) -> None:
+    settled(server)
     aborted = Scrape(server).value("sgl_omni_stage_jobs_total", stage="reasoner",
                                    outcome="aborted")
     body = chat_body(media_host, [image("quick"), final("late", delay_s=30)], "/ok.png")
@@ -167,6 +204,7 @@ def test_stage_drops_the_media_of_an_aborted_turn(server: Server,
 
 def test_a_reasoner_restart_mid_request_fails_it_and_the_retry_reads_everything(
         server: Server, media_host: MediaServer) -> None:
+    settled(server)
     body = chat_body(media_host, [image("!sleep=3 slow"), final("{media}")], "/ok.png")
     with HTTP.stream("POST", f"{server.url}/v1/chat/completions",
                      json={**body, "stream": True}) as resp:
