@@ -9,8 +9,9 @@ reported: the cost of Omni, not of the (scripted) model.
 
 1. Per-dispatch overhead (p50, p99) over small two-generation requests.
 2. The spec's worst case: eight 8 MiB videos and the nine Reasoner turns around them; every
-   Reasoner turn carries all videos generated so far (36 x 8 MiB relayed to the Reasoner, the
-   spec's "about 402.7 MB" counts them base64-encoded).
+   Reasoner turn reads all videos generated so far, and each crosses to the Reasoner stage once
+   (8 x 8 MiB relayed, as the server relays them: ``pipeline.reasoner_media``; the reference
+   relays 36 x 8 MiB, the spec's "about 402.7 MB" counting them base64-encoded).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import Any
 
 from sglang_omni.config import load_config, parse_overrides
 from sglang_omni.engines.result import StageResult
+from sglang_omni.media import MediaPolicy
 from sglang_omni.models.cosmos3 import Cosmos3UMMAdapter
+from sglang_omni.pipeline.reasoner_media import ReasonerMedia
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.umm import Limits, UMMController, UMMRequest
 
@@ -39,6 +42,7 @@ class Recorder:
         self.samples: list[float] = []
         self.to_reasoner = 0
         self.last_end = 0.0
+        self.media: dict[str, ReasonerMedia] = {}
 
     def begin(self) -> None:
         self.last_end = time.perf_counter()
@@ -46,13 +50,26 @@ class Recorder:
     async def call(self, stage: str, rid: str, payload: dict[str, Any],
                    frames: list) -> StageResult:
         start = time.perf_counter()
-        result = await self.stages[stage].call(rid, payload, frames)
+        handle = self.stages[stage]
+        if stage == "reasoner":  # as the orchestrator sends it: each item once per request
+            media = self.media.setdefault(rid, ReasonerMedia(rid, MediaPolicy()))
+            turn = await media.prepare(handle, payload, frames)
+            result = await handle.call(rid, turn.payload, turn.frames, media=turn.media)
+            media.sent(handle, turn)
+            self.to_reasoner += sum(len(f) for f in turn.frames)
+        else:
+            result = await handle.call(rid, payload, frames)
         end = time.perf_counter()
         self.samples.append((start - self.last_end) + (end - start - result.engine_s))
         self.last_end = end
-        if stage == "reasoner":
-            self.to_reasoner += sum(len(f) for f in frames)
         return result
+
+    def end(self, rid: str) -> None:
+        """The request ended: the Reasoner stage drops its media."""
+        media = self.media.pop(rid, None)
+        if media is not None:
+            media.close()
+        self.stages["reasoner"].end_request(rid)
 
 
 def script(*entries: dict[str, Any]) -> str:
@@ -67,6 +84,7 @@ async def run_request(controller: UMMController, recorder: Recorder, rid: str, t
     start = time.perf_counter()
     async for _ in controller.open(request).events():
         pass
+    recorder.end(rid)
     return time.perf_counter() - start
 
 

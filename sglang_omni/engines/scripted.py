@@ -164,7 +164,9 @@ def media_parts(messages: list[dict[str, Any]], offset: int = 0) -> list[tuple[s
 
 async def load_conversation_media(job: Job, policy: MediaPolicy) -> list[dict[str, str]]:
     """Read every image and video of the conversation as a native engine would, under the
-    media policy (fetched again on every turn); ``{"kind", "sha256"}`` of each, in order."""
+    media policy (an interleaved request's items come as the job's frames, each sent to the
+    stage once per request: ``pipeline.reasoner_media``); ``{"kind", "sha256"}`` of each, in
+    order."""
     out = []
     with RequestMediaDir() as workdir:
         for label, kind, url in media_parts(job.payload.get("messages", []),

@@ -39,6 +39,7 @@ from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.racing import work_unless
+from sglang_omni.pipeline.reasoner_media import ReasonerMedia
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet, media_settings
 from sglang_omni.pipeline.streams import stream_call
@@ -100,6 +101,9 @@ class Orchestrator:
         self.progress: dict[str, RunProgress] = {}
         #: Admitted interleaved runs by request id (their bytes retained, for metrics).
         self.runs: dict[str, UMMRun] = {}
+        #: Each admitted interleaved request's media as its Reasoner turns send them (each item
+        #: crosses to the Reasoner stage once per request).
+        self.reasoner_media: dict[str, ReasonerMedia] = {}
         #: The jobs still finishing after their early result (a client's MP4 being encoded),
         #: by request id; cancelled when the request ends.
         self.later: dict[str, set[asyncio.Task[StageResult]]] = {}
@@ -280,10 +284,17 @@ class Orchestrator:
 
             work = self.scheduler.generation(rid, modality, run, lambda: ran_steps)
         else:
+            media = self.reasoner_media.get(rid)
+
             async def run() -> StageResult:
                 progress.turn_started()
                 started = time.monotonic()
-                result = await handle.call(rid, payload, frames)
+                if media is None:
+                    result = await handle.call(rid, payload, frames)
+                else:
+                    turn = await media.prepare(handle, payload, frames)
+                    result = await handle.call(rid, turn.payload, turn.frames, media=turn.media)
+                    media.sent(handle, turn)
                 observer.reasoner_turn(time.monotonic() - started)
                 return timed(result, started)
 
@@ -370,6 +381,7 @@ class Orchestrator:
         self._doom[request.rid] = _Doom()
         self.progress[request.rid] = RunProgress()
         self.runs[request.rid] = run
+        self.reasoner_media[request.rid] = ReasonerMedia(request.rid, self.policy)
         return run
 
     def _asked_steps(self, request: UMMRequest) -> int | None:
@@ -386,6 +398,9 @@ class Orchestrator:
         self._doom.pop(rid, None)
         self.progress.pop(rid, None)
         self.runs.pop(rid, None)
+        media = self.reasoner_media.pop(rid, None)
+        if media is not None:
+            media.close()
         for job in self.later.pop(rid, set()):
             job.cancel()  # its stage call aborts the job
         if self.controller is not None:

@@ -75,6 +75,9 @@ class StageCounters:
     failed: int = 0
     aborted: int = 0
     dropped: int = 0
+    #: Bytes of the jobs sent to the stage (each submit's header and frames), over every
+    #: process the stage ran.
+    sent_bytes: int = 0
 
 
 class StageHandle:
@@ -149,6 +152,9 @@ class StageHandle:
         #: The device memory counters (``allocated``, ``reserved``, ``peak`` bytes) the stage
         #: sent with its last heartbeat answer; None for a stage that does not use CUDA itself.
         self.gpu_memory: dict[str, int] | None = None
+        #: What the running process keeps of its requests' media, from its last heartbeat
+        #: answer (``runtime.request_media``; empty until the first, and after it exits).
+        self.request_media: dict[str, int] = {}
 
     def engine_stats(self) -> dict[str, int]:
         """The engine's counters (its ``stats()``; empty for engines without): the gauges
@@ -162,6 +168,12 @@ class StageHandle:
     def media_stats(self) -> list[dict[str, Any]]:
         """The media counters of every process this stage ran (``MediaStats.snapshot``s)."""
         return [*self._media_before, self._media]
+
+    @property
+    def process_generation(self) -> int:
+        """Which process of the stage runs now (1 for the first, one more per respawn): what a
+        process was sent, a later one does not hold."""
+        return self._generation
 
     @property
     def pid(self) -> int | None:
@@ -232,6 +244,7 @@ class StageHandle:
                 self._engine_before[key] = self._engine_before.get(key, 0) + value
         self._engine = {}
         self.gpu_memory = None
+        self.request_media = {}
         self._ready_future = self._loop.create_future()
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
@@ -265,8 +278,13 @@ class StageHandle:
 
     # --- calls ------------------------------------------------------------------------------
     async def call(self, rid: str, payload: Mapping[str, Any], frames: Frames | None = None,
-                   on_chunk: ChunkCallback | None = None) -> StageResult:
+                   on_chunk: ChunkCallback | None = None,
+                   media: Mapping[str, list[str]] | None = None) -> StageResult:
         """Run ``payload`` on the stage for request ``rid``; the result names this stage.
+
+        ``media`` (``{keys, new}``, see :mod:`sglang_omni.runtime.request_media`): ``frames``
+        are the request's new media items, kept by the stage for the request, and the job reads
+        the items ``keys`` names.
 
         Chunks go to ``on_chunk`` in order. Cancelling the awaiting task aborts the job on the
         stage and returns once the stage says the job ended (at most :data:`ABORT_WAIT_S`; at
@@ -283,7 +301,10 @@ class StageHandle:
         if rid in self._pending:
             raise ServerError(f"request {rid} already has a call in flight on {self.name}")
         token = next(self._tokens)
-        header = {"op": "submit", "rid": rid, "token": token, "payload": payload}
+        header: dict[str, Any] = {"op": "submit", "rid": rid, "token": token,
+                                  "payload": payload}
+        if media is not None:
+            header["media"] = {"keys": list(media["keys"]), "new": list(media["new"])}
         try:
             packed = pack_header(header, len(frames or []))
         except WireEncodeError as exc:
@@ -297,6 +318,7 @@ class StageHandle:
             self._last_progress = time.monotonic()
         self._open.add((rid, token))
         self.counters.submitted += 1
+        self.counters.sent_bytes += len(packed) + sum(len(frame) for frame in frames or [])
         sent = self._sender.submit(self._send_packed, packed, frames)
         sent.add_done_callback(lambda f: self._submit_sent(f, rid, pending))
         started, outcome = time.monotonic(), "failed"
@@ -425,6 +447,10 @@ class StageHandle:
                 self.gpu_memory = {str(k): int(v) for k, v in gpu.items()
                                    if isinstance(v, int) and not isinstance(v, bool)} \
                     if isinstance(gpu, dict) else None
+                held = header.get("request_media")
+                if isinstance(held, dict):
+                    self.request_media = {str(k): int(v) for k, v in held.items()
+                                          if isinstance(v, int) and not isinstance(v, bool)}
                 engine = header.get("engine")
                 if isinstance(engine, dict):
                     self._engine = {str(k): int(v) for k, v in engine.items()
@@ -578,6 +604,7 @@ class StageHandle:
         assert self._process is not None
         self.exitcode = self._process.exitcode
         self.dead = True
+        self.request_media = {}  # the process's memory is gone
         self._end_aborting()
         self.ready = False
         _kill_stage_group(self._process)  # its children go with it

@@ -3,10 +3,14 @@
 Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
 ``abort {rid}``, ``end {rid}`` (the request ended: an engine that keeps per-request state, such
 as the hf Reasoner's context, releases it; an abort releases it too), ``shutdown``,
-``ping {seq}`` (answered ``pong {seq, media, engine, gpu}`` by the reader thread, so a frozen
-stage is noticed; ``media`` is the stage's media counters, :mod:`sglang_omni.media.stats`,
-``engine`` the engine's own counters when it has ``stats()``, else absent, ``gpu`` the device's
-memory counters where torch uses CUDA in this process, ``memory_faults.device_memory``).
+``ping {seq}`` (answered ``pong {seq, media, engine, request_media, gpu}`` by the reader
+thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
+:mod:`sglang_omni.media.stats`, ``engine`` the engine's own counters when it has ``stats()``,
+else absent, ``request_media`` what the stage keeps of its requests' media:
+:mod:`sglang_omni.runtime.request_media`, ``gpu`` the device's memory counters where torch uses
+CUDA in this process, ``memory_faults.device_memory``). A ``submit`` may carry
+``media {keys, new}``: its frames are new media items of the request, kept until the request's
+``end`` or ``abort`` (see :mod:`sglang_omni.runtime.request_media`).
 An engine error that is an allocation failure (``memory_faults``) fails its request with
 ``OutOfGPUMemory`` and frees the memory; any other engine error fails its request with a 500.
 Stage -> server: ``ready {pid, stops_server_on_exit}``,
@@ -55,6 +59,7 @@ from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.runtime.ipc import Channel, WireEncodeError, pack_header
 from sglang_omni.runtime.log_format import configure_logging
 from sglang_omni.runtime.proc import die_with_parent, kill_group, start_idle_child
+from sglang_omni.runtime.request_media import RequestMediaStore
 
 log = logging.getLogger("sglang_omni.stage")
 
@@ -116,6 +121,8 @@ class _StageServer:
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="stage-send")
         self.jobs: dict[str, tuple[Job, asyncio.Task, int]] = {}
         self.children: list[Any] = []
+        #: The media items of the running requests (each sent once per request).
+        self.media = RequestMediaStore(spec.stage)
         #: monotonic time of the server's last heartbeat (None before the first).
         self.last_ping: float | None = None
 
@@ -225,7 +232,8 @@ class _StageServer:
                 continue
             if header.get("op") == "ping":  # answered here: the event loop may be busy
                 self.last_ping = time.monotonic()
-                pong = {"op": "pong", "seq": header.get("seq"), "media": MEDIA_STATS.snapshot()}
+                pong = {"op": "pong", "seq": header.get("seq"), "media": MEDIA_STATS.snapshot(),
+                        "request_media": self.media.stats()}
                 gpu = device_memory()
                 if gpu is not None:
                     pong["gpu"] = gpu
@@ -257,6 +265,13 @@ class _StageServer:
                 self.send_error({"rid": rid, "token": token},
                                 BadRequest(f"request {rid} is already running on this stage"))
                 return
+            if "media" in header:
+                try:
+                    frames = self.media.frames_for(rid, header["media"], frames)
+                except OmniError as exc:
+                    log.warning("request %s failed: %s", rid, exc.message)
+                    self.send_error({"rid": rid, "token": token}, exc)
+                    return
 
             def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
                 self.send({"op": "chunk", "rid": r, "token": t, "data": data})
@@ -301,7 +316,8 @@ class _StageServer:
         return progress
 
     def _end_request(self, rid: str) -> None:
-        """Let an engine that keeps per-request state drop ``rid``'s."""
+        """Drop ``rid``'s media and let an engine that keeps per-request state drop ``rid``'s."""
+        self.media.release(rid)
         end = getattr(self.engine, "end_request", None)
         if end is not None:
             end(rid)

@@ -129,6 +129,12 @@ class _LiveCollector:
                                labels=["stage"])
         jobs = CounterMetricFamily("sgl_omni_stage_jobs", "stage jobs by outcome",
                                    labels=["stage", "outcome"])
+        sent = CounterMetricFamily("sgl_omni_stage_sent_bytes", "bytes of the jobs sent to the "
+                                   "stage (each job's message header and media frames)",
+                                   labels=["stage"])
+        held = GaugeMetricFamily("sgl_omni_stage_request_media_bytes", "media bytes the stage "
+                                 "keeps for its running requests (each item sent once per "
+                                 "request, dropped at its end)", labels=["stage"])
         restarts = CounterMetricFamily("sgl_omni_stage_restarts",
                                        "restarts of a stage process after it exited or stalled",
                                        labels=["stage"])
@@ -143,8 +149,12 @@ class _LiveCollector:
                 jobs.add_metric([name, outcome], float(getattr(c, outcome)))
             restarts.add_metric([name], float(stages.supervisors[name].restarts))
             failed.add_metric([name], float(handle.failed_requests))
+            sent.add_metric([name], float(c.sent_bytes))
+            held.add_metric([name], float(handle.request_media.get("bytes", 0)))
         yield up
         yield jobs
+        yield sent
+        yield held
         yield restarts
         yield failed
 

@@ -14,6 +14,7 @@ import pytest
 
 from tests.kit import STAGE_SCRATCH, metric, wait_until
 from tests.media.media_http_server import PNG, MediaServer
+from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
 
@@ -61,7 +62,7 @@ def leftovers(folder: Path) -> list[str]:
     return out
 
 
-def test_allowed_host_is_fetched_on_every_turn(server: Server, hosts: MediaServer,
+def test_allowed_host_is_fetched_once_per_request(server: Server, hosts: MediaServer,
                                                tmpdir_env: Path) -> None:
     hosts.state.reset()
     resp = chat(server, hosts.url("127.0.0.1", "/ok.png"),
@@ -70,7 +71,7 @@ def test_allowed_host_is_fetched_on_every_turn(server: Server, hosts: MediaServe
     media = json.loads(resp.json()["choices"][0]["message"]["content"])
     assert media[0] == {"kind": "image", "sha256": hashlib.sha256(PNG).hexdigest()}
     assert len(media) == 2  # the client's image, then the generated one
-    assert hosts.state.paths().count("/ok.png") == 2  # two Reasoner turns, two fetches
+    assert hosts.state.paths().count("/ok.png") == 1  # two Reasoner turns read one fetch
     assert leftovers(tmpdir_env) == []
 
 
@@ -138,12 +139,15 @@ def test_generation_paths_follow_the_policy(server: Server, media_root: Path) ->
 
 def test_aborted_fetch_leaves_no_temp_file(server: Server, hosts: MediaServer,
                                            tmpdir_env: Path) -> None:
-    before = metric(server, "reasoner", "aborted")
+    hosts.state.reset()
+    before = metric(server, "reasoner", "submitted")
     with pytest.raises(httpx.ReadTimeout):
         chat(server, hosts.url("127.0.0.1", "/stall-body"), timeout=1.0)
-    wait_until(lambda: metric(server, "reasoner", "aborted") >= before + 1, timeout=10)
-    assert metric(server, "reasoner", "aborted") == before + 1
+    assert hosts.state.paths() == ["/stall-body"]  # the server was fetching it for its turn
+    assert wait_until(lambda: Scrape(server).value("sgl_omni_interleaved_requests") == 0,
+                      timeout=10)  # the client left: the request ended, its fetch cancelled
     assert leftovers(tmpdir_env) == []
+    assert metric(server, "reasoner", "submitted") == before  # the turn never started
 
 
 def test_text_only_chat_uses_the_same_policy(hosts: MediaServer) -> None:

@@ -74,7 +74,9 @@ def scrapes(media_host: MediaServer) -> dict[str, Scrape]:
         assert refused.status_code == 400
         missing = HTTP.post(f"{umm.url}/generate", json={"prompt": "look", **GEN, "images": [
             f"http://127.0.0.1:{media_host.port}/missing"]})
-        assert missing.status_code == 400
+        assert missing.status_code == 400  # the server fetches it once: no stage job ran
+        refusal = generate(umm, script({"error": {"status": 400, "message": "refused"}}))
+        assert refusal.status_code == 400  # a Reasoner job that fails
         # two requests in flight, the second's generation queued behind the first's
         first = in_background(lambda: generate(umm, script(image("!sleep=2 slow"), final("a"))))
         assert wait_until(lambda: [p["phase"] for p in HTTP.get(f"{umm.url}/v1/queue").json()[
@@ -86,9 +88,11 @@ def scrapes(media_host: MediaServer) -> dict[str, Scrape]:
         assert over.status_code == 503 and "max_active" in over.json()["error"]["message"]
         first.join(30)
         second.join(30)
-        assert wait_until(lambda: Scrape(umm).value("sgl_omni_media_fetches_total") >= 3
+        assert wait_until(lambda: Scrape(umm).value("sgl_omni_media_fetches_total") >= 1
                           and Scrape(umm).value("sgl_omni_media_refusals_total",
-                                                reason="not_found") >= 1, timeout=10)
+                                                reason="not_found") >= 1
+                          and Scrape(umm).total("sgl_omni_stage_request_media_bytes") == 0,
+                          timeout=10)
         out["after"] = Scrape(umm)
     with Server(*SCRIPTED_CHAT, "--reasoner.engine.max_running_requests", "1",
                 "--reasoner.engine.max_queued_requests", "1") as chat:
@@ -191,11 +195,11 @@ def _retained(s: dict[str, Scrape]) -> None:
 
 
 def _fetches(s: dict[str, Scrape]) -> None:
-    assert s["after"].value("sgl_omni_media_fetches_total") == 3  # the chat image, every turn
+    assert s["after"].value("sgl_omni_media_fetches_total") == 1  # the chat image, once
 
 
 def _fetched_bytes(s: dict[str, Scrape]) -> None:
-    assert s["after"].value("sgl_omni_media_fetched_bytes_total") == 3 * len(PNG)
+    assert s["after"].value("sgl_omni_media_fetched_bytes_total") == len(PNG)
 
 
 def _media_refusals(s: dict[str, Scrape]) -> None:
@@ -224,6 +228,20 @@ def _restarts(s: dict[str, Scrape]) -> None:
 def _stage_failed_requests(s: dict[str, Scrape]) -> None:
     for stage in ("reasoner", "generation"):  # no stage died
         assert s["after"].value("sgl_omni_stage_failed_requests_total", stage=stage) == 0
+def _sent_bytes(s: dict[str, Scrape]) -> None:
+    after = s["after"]
+    # the Reasoner got the chat image once (tests/umm/test_request_media.py bounds the rest)
+    assert after.value("sgl_omni_stage_sent_bytes_total", stage="reasoner") > len(PNG)
+    assert after.value("sgl_omni_stage_sent_bytes_total", stage="generation") > 0
+    assert s["during"].value("sgl_omni_stage_sent_bytes_total", stage="reasoner") \
+        < after.value("sgl_omni_stage_sent_bytes_total", stage="reasoner")
+
+
+def _request_media(s: dict[str, Scrape]) -> None:
+    # held while a request runs (tests/umm/test_request_media.py), none once all ended
+    assert s["after"].labels("sgl_omni_stage_request_media_bytes", "stage") == {
+        "reasoner", "generation"}
+    assert s["after"].total("sgl_omni_stage_request_media_bytes") == 0
 
 
 def _job_seconds(s: dict[str, Scrape]) -> None:
@@ -274,6 +292,8 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_stage_restarts_total": _restarts,
     "sgl_omni_stage_failed_requests_total": _stage_failed_requests,
     "sgl_omni_stage_job_seconds": _job_seconds,
+    "sgl_omni_stage_sent_bytes_total": _sent_bytes,
+    "sgl_omni_stage_request_media_bytes": _request_media,
     "sgl_omni_reasoner_context_bytes": _context_gauge,
     "sgl_omni_reasoner_context_media_total": _context_counter(
         "sgl_omni_reasoner_context_media_total", "outcome", {"hit", "miss"}),

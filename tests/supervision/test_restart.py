@@ -263,7 +263,8 @@ def test_direct_generation_stage_killed_fails_fast_then_restarts() -> None:
 def test_a_killed_stage_leaves_no_temporary_files(tmp_path) -> None:  # noqa: ANN001
     """Each stage process keeps its temporary files (a request's fetched media) in a folder of
     its own, which the server removes once the process is gone, kill -9 included (the process
-    itself can then clean nothing)."""
+    itself can then clean nothing). Text-only chat's Reasoner fetches its chat media itself (an
+    interleaved request's are fetched by the server, once per request)."""
     release = threading.Event()
 
     class Slow(BaseHTTPRequestHandler):
@@ -282,7 +283,7 @@ def test_a_killed_stage_leaves_no_temporary_files(tmp_path) -> None:  # noqa: AN
     threading.Thread(target=host.serve_forever, daemon=True).start()
     image_url = f"http://127.0.0.1:{host.server_address[1]}/slow.png"
     try:
-        with Server(*SCRIPTED_UMM, "--allowed-media-domain", "127.0.0.1",
+        with Server(*SCRIPTED_CHAT, "--allowed-media-domain", "127.0.0.1",
                     env={"TMPDIR": str(tmp_path)}) as server:
             [scratch] = tmp_path.glob("sgl-omni-reasoner-*")
             content = [{"type": "text", "text": script(final("{media}"))},

@@ -2,7 +2,8 @@
 
 Text parts stay text; ``image_url`` and ``video_url`` parts become ``{"type": "image"}`` and
 ``{"type": "video"}`` placeholders for the chat template, and their media are read (inline frames
-from the job, everything else under the media policy, again on every turn) into
+from the job, which an interleaved request's stage keeps for the request, everything else under
+the media policy) into
 :class:`MediaItem` s named by the sha256 of their bytes, in conversation order, which is the order
 the processor expands the placeholders in. An item is decoded only when its features are not
 kept already (``MediaItem.decoded``).
