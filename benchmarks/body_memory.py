@@ -1,15 +1,15 @@
 """How much memory the server takes to handle one large accepted body, as a multiple of its size.
 
-Usage: python benchmarks/body_memory.py [--body-mb 150] [--parts 3] [--repeat 3]
+Usage: python benchmarks/body_memory.py [--body-mb 150] [--parts 3] [--repeat 3] [--routes NAMES]
 
 Starts ``sgl-omni serve`` with the scripted engines (``configs/cpu-scripted.yaml``) and sends,
 one at a time, bodies of about ``--body-mb`` MB whose bulk is inline media split into
 ``--parts`` base64 items (each under the 64 MiB one-file limit): ``/generate`` with ``images``
 and with ``videos``, and ``/v1/chat/completions`` with ``image_url`` and ``video_url`` data URLs.
-Before each request the server process's peak RSS is reset (``/proc/PID/clear_refs``, 5); after
-its answer the peak (``VmHWM``) less the RSS before it is the memory the request took. Prints
-that growth divided by the body's size, median and range of ``--repeat`` runs per route
-(target: under 1.5).
+Before each request, once the server's RSS has settled, its peak RSS is reset
+(``/proc/PID/clear_refs``, 5); after its answer the peak (``VmHWM``) less the RSS before it is
+the memory the request took. Prints that growth divided by the body's size, median and range of
+``--repeat`` runs per route (target: under 1.5).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -72,9 +73,23 @@ def status_kib(pid: int, field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/{pid}/status")
 
 
+def settle(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait until the server's RSS has stayed within 1 MiB for a second (what the last request
+    held is given back after its answer)."""
+    deadline = time.monotonic() + timeout_s
+    last = status_kib(pid, "VmRSS")
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = status_kib(pid, "VmRSS")
+        if abs(now - last) < 1024:
+            return
+        last = now
+
+
 def measure(server: Server, path: str, body: bytes) -> float:
     """Peak RSS growth of the server process during one request, as a multiple of the body."""
     pid = server.proc.pid
+    settle(pid)
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = status_kib(pid, "VmRSS")
     resp = httpx.post(f"{server.url}{path}", content=body, timeout=600,
