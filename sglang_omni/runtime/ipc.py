@@ -7,9 +7,8 @@ Sends are serialized by a lock so that a header and its frames stay together.
 
 An ASCII string of at least :data:`MIN_TEXT` characters in a header (a ``data:`` URL of a
 request's inline media) is not packed into it: it travels after the frames as a piece of its
-own, encoded as it is sent, and the receiver puts it back in its place. So sending a request
-holds its header's bulk once more than the request itself at most by one such string, not by
-the whole header.
+own, encoded a window at a time as it is sent, and the receiver puts it back in its place. So
+sending a request holds little beyond the request itself, not a packed copy of its header.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ _LEN = struct.Struct("!Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
 #: ASCII strings this long travel beside the header (see the module contract).
 MIN_TEXT = 1024 * 1024
+#: Characters of such a string encoded and sent at a time.
+_TEXT_WINDOW = 1024 * 1024
 #: The msgpack extension type that stands in the header for a string sent beside it.
 _TEXT_EXT = 17
 
@@ -166,8 +167,10 @@ class Channel:
                 self._send_piece(packed.head)
                 for frame in frames:
                     self._send_piece(frame)
-                for text in packed.texts:
-                    self._send_piece(text.encode("ascii"))  # one string's copy at a time
+                for text in packed.texts:  # ASCII: as many bytes as characters
+                    self._sock.sendall(_LEN.pack(len(text)))
+                    for at in range(0, len(text), _TEXT_WINDOW):  # a window's copy at a time
+                        self._sock.sendall(text[at:at + _TEXT_WINDOW].encode("ascii"))
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise EOFError(str(exc)) from None
 
