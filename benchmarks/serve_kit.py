@@ -105,15 +105,16 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, config: Path, log_path: Path, env: dict[str, str],
-                 cwd: Path = REPO) -> None:
-        """``cwd``: the checkout whose ``sglang_omni`` serves (``python -m`` imports from it)."""
+                 cwd: Path = REPO, args: tuple[str, ...] = ()) -> None:
+        """``cwd``: the checkout whose ``sglang_omni`` serves (``python -m`` imports from it);
+        ``args``: more ``sgl-omni serve`` flags."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.started = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_omni", "serve", "--config", str(config), "--host",
-             "127.0.0.1", "--port", str(self.port), "--log-level", "info"],
+             "127.0.0.1", "--port", str(self.port), "--log-level", "info", *args],
             stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=str(cwd))
 
     def wait_ready(self, timeout: float) -> float:

@@ -100,7 +100,7 @@ def check_inline_content(label: str, ref: str, media: InlineMedia, policy: Media
     """400 unless the leading bytes of ``media`` are an image or video format this server
     reads, and the one its ``data:`` URL declares (when it declares one of them); a bare ``ref``
     that reads as a path gets the local-path refusal instead."""
-    head = binascii.a2b_base64(media.payload.payload[:_HEAD_CHARS])
+    head = binascii.a2b_base64(media.payload.head(_HEAD_CHARS))
     found = sniff_format(head)
     # An MPEG audio frame is told by 11 sync bits alone, which many strings decode to
     # ("//etc/passwd" does): for a bare string that reads as a path, that is no evidence.

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 
 _B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+#: Characters of a payload checked at a time.
+_WINDOW = 1024 * 1024
 _MIME_RE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$")
 
 
@@ -22,29 +24,53 @@ class InlineRejected(ValueError):
 
 @dataclass(frozen=True)
 class InlinePayload:
-    """A base64 payload and its declared MIME type (lowercase; ``None`` when not declared)."""
+    """A base64 payload and its declared MIME type (lowercase; ``None`` when not declared):
+    ``text[start:]`` (the reference itself, so that a payload of megabytes is not copied to
+    be judged)."""
 
-    payload: str
+    text: str
     mime: str | None
+    start: int = 0
+
+    @property
+    def payload(self) -> str:
+        """The base64 payload (a copy, unless it is the whole reference)."""
+        return self.text[self.start:] if self.start else self.text
+
+    def head(self, chars: int) -> str:
+        """The payload's first ``chars`` characters."""
+        return self.text[self.start:self.start + chars]
 
     @property
     def decoded_size(self) -> int:
         """Exact size in bytes of the decoded payload (valid base64 assumed)."""
-        return decoded_size(self.payload)
+        size = len(self.text) - self.start
+        return size // 4 * 3 - self.text[max(self.start, len(self.text) - 2):].count("=")
+
+    def is_base64(self) -> bool:
+        """Whether the payload is strict base64 (:func:`is_base64`)."""
+        return is_base64(self.text, self.start)
 
 
 def decoded_size(payload: str) -> int:
     """Size of the bytes a strict base64 ``payload`` decodes to, without decoding it."""
-    return len(payload) // 4 * 3 - payload[-2:].count("=")
+    return InlinePayload(payload, None).decoded_size
 
 
-def is_base64(text: str) -> bool:
-    """Whether ``text`` is non-empty strict base64 (the form native SGLang decodes)."""
-    if not text or len(text) % 4 or not text.isascii():
+def is_base64(text: str, start: int = 0) -> bool:
+    """Whether ``text[start:]`` is non-empty strict base64 (the form native SGLang decodes).
+    Checked a window at a time, so a payload of megabytes is not copied whole."""
+    size = len(text) - start
+    if size <= 0 or size % 4 or not text.isascii():
         return False
-    data = text.encode("ascii")  # a table lookup per byte: twice as fast as a regex
-    pad = 2 if data.endswith(b"==") else 1 if data.endswith(b"=") else 0
-    return not data.translate(None, _B64_ALPHABET + b"=") and data.count(b"=") == pad
+    pad = 2 if text.endswith("==") and size >= 2 else 1 if text.endswith("=") else 0
+    equals = 0
+    for at in range(start, len(text), _WINDOW):
+        data = text[at:at + _WINDOW].encode("ascii")  # a table lookup per byte: twice
+        if data.translate(None, _B64_ALPHABET + b"="):   # as fast as a regex
+            return False
+        equals += data.count(b"=")
+    return equals == pad
 
 
 def parse_data_url(ref: str) -> InlinePayload:
@@ -57,14 +83,14 @@ def parse_data_url(ref: str) -> InlinePayload:
     comma = ref.find(",", 5)
     if comma < 0:
         raise InlineRejected("data: URLs need a ',' before the payload")
-    header, payload = ref[5:comma], ref[comma + 1:]  # one copy of a payload of megabytes
+    header = ref[5:comma]
     params = [p.strip().lower() for p in header.split(";")]
     if params[-1] != "base64":
         raise InlineRejected("data: URLs must be base64-encoded (data:<mime>;base64,<payload>)")
     mime = params[0] or None
     if mime is not None and not _MIME_RE.match(mime):
         raise InlineRejected(f"data: URL has an invalid media type {params[0]!r}")
-    return InlinePayload(payload=payload, mime=mime)
+    return InlinePayload(ref, mime, comma + 1)
 
 
 def decode(payload: InlinePayload) -> bytes:

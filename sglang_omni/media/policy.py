@@ -247,7 +247,7 @@ class MediaPolicy:
                 f"inline media is larger than the {self.max_file_size_mb:g} MB limit "
                 "(media_url_max_file_size_mb)"
             )
-        if not inline.is_base64(payload.payload):
+        if not payload.is_base64():
             raise refuse("the payload is not valid base64")
         return InlineMedia(payload)
 

@@ -129,9 +129,11 @@ async def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]
                 pending = asyncio.ensure_future(anext(events))
             if waiting is None:
                 waiting = asyncio.ensure_future(queue.get())
+            # no set of the reads is kept in this frame (see ``del read`` below)
             racing: set[asyncio.Future[Any]] = {pending, waiting}
-            done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-            if waiting in done:
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            del racing
+            if waiting.done():
                 event, waiting = waiting.result(), None
                 yield event
                 continue
@@ -140,6 +142,8 @@ async def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]
                 item = read.result()
             except StopAsyncIteration:
                 return
+            finally:  # the read keeps its exception, whose traceback keeps this frame: a cycle
+                del read  # that would hold the whole response until a full garbage collection
             yield item
     finally:
         if waiting is not None:

@@ -18,6 +18,7 @@ request's plan at once, since the request ends with it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -248,7 +249,9 @@ class PlannedGenerations:
             return
         if self._ticker is None or self._ticker.done():
             try:
-                self._ticker = asyncio.get_running_loop().create_task(self._tick())
+                # a context of its own: the request that starts it is not the ticker's owner
+                self._ticker = asyncio.get_running_loop().create_task(
+                    self._tick(), context=contextvars.Context())
             except RuntimeError:
                 self._ticker = None
             else:

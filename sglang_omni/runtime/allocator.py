@@ -3,13 +3,14 @@
 glibc serves an allocation above its mmap threshold (128 KiB at first) with its own mapping,
 returned to the system when freed, but raises that threshold to the size of each such block
 freed, up to 32 MiB. After the first request that carried megabyte media (an 8 MiB video
-inline: its base64 text, JSON strings, wire frames), later buffers of that size come from the
-heap arenas instead, whose freed memory stays with the process: measured with
-``benchmarks/memory_creep.py --stream`` (25 streamed requests of eight 8 MiB videos), the server
-grew by 312 MiB by default and by 64 MiB with a fixed threshold. :func:`bound_large_allocations`
-fixes the threshold at 1 MiB in this process (``mallopt``; a fixed threshold is never raised) and,
-through ``MALLOC_MMAP_THRESHOLD_``, in the stage processes it starts afterwards. An operator's
-own ``MALLOC_MMAP_THRESHOLD_`` is kept; on a C library without ``mallopt`` nothing changes.
+inline: its base64 text, JSON strings, wire frames), later buffers of that size would come from
+the heap arenas instead, whose freed memory may stay with the process.
+:func:`bound_large_allocations` fixes the threshold at 1 MiB in this process (``mallopt``; a fixed
+threshold is never raised) and, through ``MALLOC_MMAP_THRESHOLD_``, in the stage processes it
+starts afterwards. An operator's own ``MALLOC_MMAP_THRESHOLD_`` is kept; on a C library without
+``mallopt`` nothing changes. (The creep across worst-case requests that
+``benchmarks/memory_creep.py`` first showed was mostly not the allocator but references a
+finished request left behind: see docs/operations.md, "Memory, measured".)
 """
 
 from __future__ import annotations

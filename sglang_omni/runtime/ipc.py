@@ -4,6 +4,11 @@ A message is a msgpack header (a dict) followed by zero or more raw byte frames,
 as bytes, never re-encoded as text. Each piece goes over a Unix stream socket as an 8-byte length
 and its bytes; a frame is received straight into its own buffer (one copy out of the kernel).
 Sends are serialized by a lock so that a header and its frames stay together.
+
+An ASCII string of at least :data:`MIN_TEXT` characters in a header (a ``data:`` URL of a
+request's inline media) is not packed into it: it travels after the frames as a piece of its
+own, encoded a window at a time as it is sent, and the receiver puts it back in its place. So
+sending a request holds little beyond the request itself, not a packed copy of its header.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -19,6 +25,21 @@ from sglang_omni.engines.result import Frames
 
 _LEN = struct.Struct("!Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
+#: ASCII strings this long travel beside the header (see the module contract).
+MIN_TEXT = 1024 * 1024
+#: Characters of such a string encoded and sent at a time.
+_TEXT_WINDOW = 1024 * 1024
+#: The msgpack extension type that stands in the header for a string sent beside it.
+_TEXT_EXT = 17
+
+
+@dataclass(frozen=True)
+class PackedHeader:
+    """A header packed by :func:`pack_header`: its msgpack bytes and the strings sent after
+    its frames."""
+
+    head: bytes
+    texts: list[str]
 
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
@@ -40,15 +61,50 @@ class WireEncodeError(ValueError):
         self.path = path
 
 
-def pack_header(header: dict[str, Any], nframes: int = 0) -> bytes:
+def pack_header(header: dict[str, Any], nframes: int = 0) -> PackedHeader:
     """The wire form of ``header``; WireEncodeError naming the first value it cannot carry
     (an integer outside 64 bits, a string that is not valid Unicode, a type msgpack lacks,
     nesting deeper than msgpack allows)."""
+    texts: list[str] = []
     try:
-        return msgpack.packb({**header, "nframes": nframes})
+        lean = _set_texts_aside(header, texts, 0)
+        return PackedHeader(msgpack.packb({**lean, "nframes": nframes, "ntexts": len(texts)}),
+                            texts)
     except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
         path = find_unencodable(header)
         raise WireEncodeError(_describe(exc), path) from None
+
+
+def _set_texts_aside(value: Any, texts: list[str], depth: int) -> Any:
+    """``value`` with each long ASCII string replaced by an extension naming its place in
+    ``texts`` (containers holding none are kept as they are)."""
+    if isinstance(value, str):
+        if len(value) >= MIN_TEXT and value.isascii():
+            texts.append(value)
+            return msgpack.ExtType(_TEXT_EXT, (len(texts) - 1).to_bytes(4, "big"))
+        return value
+    if depth > 512:  # msgpack refuses it anyway
+        return value
+    if isinstance(value, dict):
+        pairs = {k: _set_texts_aside(v, texts, depth + 1) for k, v in value.items()}
+        return pairs if any(pairs[k] is not v for k, v in value.items()) else value
+    if isinstance(value, list | tuple):
+        items = [_set_texts_aside(v, texts, depth + 1) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    return value
+
+
+def _put_texts_back(value: Any, texts: list[str]) -> Any:
+    """Undo :func:`_set_texts_aside` on an unpacked header."""
+    if isinstance(value, msgpack.ExtType) and value.code == _TEXT_EXT:
+        return texts[int.from_bytes(value.data, "big")]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _put_texts_back(item, texts)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            value[i] = _put_texts_back(item, texts)
+    return value
 
 
 def _describe(exc: Exception) -> str:
@@ -103,21 +159,33 @@ class Channel:
         frames = frames or []
         self.send_packed(pack_header(header, len(frames)), frames)
 
-    def send_packed(self, packed: bytes, frames: Frames | None = None) -> None:
+    def send_packed(self, packed: PackedHeader, frames: Frames | None = None) -> None:
         """Send a header packed by ``pack_header(header, len(frames))`` and its frames."""
         frames = frames or []
         with self._send_lock:
             try:
-                self._sock.sendall(_LEN.pack(len(packed)) + packed)
+                self._send_piece(packed.head)
                 for frame in frames:
-                    self._sock.sendall(_LEN.pack(len(frame)))
-                    self._sock.sendall(frame)
+                    self._send_piece(frame)
+                for text in packed.texts:  # ASCII: as many bytes as characters
+                    self._sock.sendall(_LEN.pack(len(text)))
+                    for at in range(0, len(text), _TEXT_WINDOW):  # a window's copy at a time
+                        self._sock.sendall(text[at:at + _TEXT_WINDOW].encode("ascii"))
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise EOFError(str(exc)) from None
+
+    def _send_piece(self, piece: bytes | bytearray | memoryview) -> None:
+        self._sock.sendall(_LEN.pack(len(piece)))
+        if len(piece):
+            self._sock.sendall(piece)
 
     def recv(self) -> tuple[dict[str, Any], Frames]:
         header = msgpack.unpackb(self._recv_piece())
         frames: Frames = [self._recv_piece() for _ in range(header.pop("nframes", 0))]
+        ntexts = header.pop("ntexts", 0)
+        if ntexts:
+            texts = [self._recv_piece().decode("ascii") for _ in range(ntexts)]
+            _put_texts_back(header, texts)
         return header, frames
 
     def _recv_piece(self) -> bytearray:

@@ -34,7 +34,13 @@ from sglang_omni.config.gpus import device_env
 from sglang_omni.engines.base import CHUNK_FRAMES, EngineSpec, clean_spans
 from sglang_omni.engines.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
-from sglang_omni.runtime.ipc import Channel, WireEncodeError, channel_pair, pack_header
+from sglang_omni.runtime.ipc import (
+    Channel,
+    PackedHeader,
+    WireEncodeError,
+    channel_pair,
+    pack_header,
+)
 from sglang_omni.runtime.proc import kill_led_group
 from sglang_omni.runtime.stage_process import stage_main
 
@@ -386,7 +392,7 @@ class StageHandle:
         sent = self._sender.submit(self._send_packed, packed, None)
         sent.add_done_callback(lambda f: self._control_sent(f, str(header.get("op"))))
 
-    def _send_packed(self, packed: bytes, frames: Frames | None) -> None:
+    def _send_packed(self, packed: PackedHeader, frames: Frames | None) -> None:
         channel = self._channel
         if channel is None:  # no process (yet): nothing to send to
             log.debug("%s: no stage process; message not sent", self.name)

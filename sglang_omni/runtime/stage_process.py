@@ -56,7 +56,7 @@ from sglang_omni.engines.memory_faults import (
 from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.media.stats import MEDIA_STATS
-from sglang_omni.runtime.ipc import Channel, WireEncodeError, pack_header
+from sglang_omni.runtime.ipc import Channel, PackedHeader, WireEncodeError, pack_header
 from sglang_omni.runtime.log_format import configure_logging
 from sglang_omni.runtime.proc import die_with_parent, kill_group, start_idle_child
 from sglang_omni.runtime.request_media import RequestMediaStore
@@ -133,7 +133,7 @@ class _StageServer:
         sent = self.sender.submit(self._send_packed, packed, frames, str(header.get("op")))
         sent.add_done_callback(_log_send_failure)
 
-    def _send_packed(self, packed: bytes, frames: Frames | None, op: str) -> None:
+    def _send_packed(self, packed: PackedHeader, frames: Frames | None, op: str) -> None:
         try:
             self.channel.send_packed(packed, frames)
         except (OSError, EOFError):

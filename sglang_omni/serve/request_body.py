@@ -26,6 +26,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -38,6 +39,7 @@ from sglang_omni.errors import (
     UnsupportedMediaType,
 )
 from sglang_omni.serve.body_budget import BodyLease
+from sglang_omni.serve.body_runs import RunSplitter
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
@@ -70,6 +72,14 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
     """The raw body; 413 over ``max_body_bytes``, 408 slower than ``body_timeout_s``, 503 when
     it does not fit the request's body lease (``request.state.body_lease``, when it has one:
     :mod:`.body_budget`)."""
+    chunks: list[bytes] = []
+    await stream_body(request, settings, chunks.append)
+    return b"".join(chunks)
+
+
+async def stream_body(request: Request, settings: ServerSettings,
+                      take: Callable[[bytes], None]) -> None:
+    """Hand the body's chunks to ``take`` as they arrive, under :func:`read_body`'s limits."""
     limit = settings.max_body_bytes
     lease: BodyLease | None = getattr(request.state, "body_lease", None)
     declared = request.headers.get("content-length")
@@ -78,7 +88,6 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
             raise _too_large(limit)
         if lease is not None:
             lease.cover(int(declared))
-    chunks: list[bytes] = []
     size = 0
     try:
         async with asyncio.timeout(settings.body_timeout_s):
@@ -88,7 +97,7 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
                     raise _too_large(limit)
                 if lease is not None:
                     lease.cover(size)
-                chunks.append(chunk)
+                take(chunk)
     except TimeoutError:
         raise RequestTooSlow(
             f"the request body did not arrive within {settings.body_timeout_s:g} s "
@@ -96,7 +105,6 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
     except ClientDisconnect:
         raise BadRequest("the client closed the connection before sending the whole body") \
             from None
-    return b"".join(chunks)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -117,10 +125,14 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-def parse_json(raw: bytes, max_depth: int, max_values: int = ServerSettings.max_json_values
-               ) -> Any:
+def parse_json(raw: bytes | bytearray, max_depth: int,
+               max_values: int = ServerSettings.max_json_values,
+               runs: RunSplitter | None = None) -> Any:
     """Decode ``raw`` and check it with :func:`check_wire_value`; BadRequest (400) otherwise,
-    before parsing when it may hold more than ``max_values`` values."""
+    before parsing when it may hold more than ``max_values`` values. ``runs``: the splitter
+    ``raw`` is the reduced text of (its payloads are put back; offsets in errors are the
+    body's)."""
+    offset = runs.original_offset if runs is not None else (lambda at: at)
     bound = json_values_bound(raw)
     if bound > max_values:
         raise too_many_values(max_values, bound)
@@ -128,20 +140,33 @@ def parse_json(raw: bytes, max_depth: int, max_values: int = ServerSettings.max_
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the request body is not valid UTF-8: {exc.reason} at byte "
-                         f"{exc.start}; send UTF-8 JSON") from None
+                         f"{offset(exc.start)}; send UTF-8 JSON") from None
+    del raw  # the caller's reference is the only one left
     try:
         value = json.loads(text, parse_constant=_no_constant, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+        raise BadRequest(f"the request body is not valid JSON: {_where(exc, offset)}") from None
     except RecursionError:
         raise _too_deep(max_depth) from None
     except ValueError as exc:  # anything else the decoder refuses
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    del text
+    if runs is not None:
+        value = runs.restore(value)
     check_wire_value(value, max_depth)
     return value
 
 
-def json_values_bound(raw: bytes) -> int:
+def _where(exc: json.JSONDecodeError, offset: Callable[[int], int]) -> str:
+    """``exc``'s message with the body's line, column and offset (payloads set aside hold no
+    line break, so only the column and offset move)."""
+    line_start = exc.doc.rfind("\n", 0, exc.pos) + 1
+    pos = offset(exc.pos)
+    column = pos - offset(line_start) + 1
+    return f"{exc.msg}: line {exc.lineno} column {column} (char {pos})"
+
+
+def json_values_bound(raw: bytes | bytearray) -> int:
     """At least the number of values in the JSON text ``raw`` (the top one, and each array
     item and object member, nested ones included): every item or member but the first of its
     array or object follows a comma, and each array or object opens with a bracket (commas and
@@ -235,11 +260,21 @@ def check_wire_value(value: Any, max_depth: int) -> None:
 
 
 async def read_json_body(request: Request) -> Any:
-    """The checked JSON value of a request's body (see the module contract)."""
+    """The checked JSON value of a request's body (see the module contract). Long base64
+    payloads are set aside while the body arrives (:mod:`.body_runs`), so the body is held
+    about once while it is parsed."""
     settings = settings_of(request)
     check_content_type(request)
-    raw = await read_body(request, settings)
-    if len(raw) > THREAD_PARSE_BYTES:
-        return await asyncio.to_thread(parse_json, raw, settings.max_json_depth,
-                                       settings.max_json_values)
-    return parse_json(raw, settings.max_json_depth, settings.max_json_values)
+    runs = RunSplitter()
+    await stream_body(request, settings, runs.feed)
+    runs.finish()
+    held, runs.text = [runs.text], bytearray()
+    if len(held[0]) > THREAD_PARSE_BYTES or runs.runs:
+        return await asyncio.to_thread(_parse_taken, held, settings, runs)
+    return _parse_taken(held, settings, runs)
+
+
+def _parse_taken(held: list[bytearray], settings: ServerSettings, runs: RunSplitter) -> Any:
+    """:func:`parse_json` of the one item of ``held``, taken from it so the text is dropped as
+    soon as it is decoded."""
+    return parse_json(held.pop(), settings.max_json_depth, settings.max_json_values, runs)

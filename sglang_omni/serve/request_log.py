@@ -202,7 +202,13 @@ class RequestRecorder:
             _CURRENT.reset(token)
             if not quiet:
                 self.sink.in_flight(-1)
-            self._end(scope, record, quiet)
+            try:
+                self._end(scope, record, quiet)
+            finally:
+                # A task started inside the request (a planner's ticker) copied its context, so
+                # it may keep the record for long: keep the request's run (and the media it
+                # holds) out of it once counted and logged.
+                record.run = None
 
     def _end(self, scope: Scope, record: RequestRecord, quiet: bool) -> None:
         route = getattr(scope.get("route"), "path", None) or UNMATCHED

@@ -71,8 +71,8 @@ async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> Async
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
+            await asyncio.wait({pending}, timeout=interval_s)  # no set of it kept here
+            if not pending.done():
                 yield SSE_KEEPALIVE
                 continue
             read, pending = pending, None
@@ -80,6 +80,8 @@ async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> Async
                 item = read.result()
             except StopAsyncIteration:
                 return
+            finally:  # the read keeps its exception, whose traceback keeps this frame: a cycle
+                del read  # that would hold the whole response until a full garbage collection
             yield item
     finally:
         await end_read_ahead(events, pending)

@@ -1,0 +1,166 @@
+"""A large JSON body is held about once while it is read and parsed (and once more by at most
+one media payload as that payload ends), and little more while it is sent to a stage (issue 26,
+5.7: a 150 MB body grew the server by 2.9x its size). Peaks are measured with tracemalloc; the
+server-level figure is ``benchmarks/body_memory.py``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import socket
+import threading
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+
+from sglang_omni.errors import BadRequest
+from sglang_omni.runtime.ipc import Channel, channel_pair, pack_header
+from sglang_omni.serve.body_runs import MIN_RUN, RunSplitter
+from sglang_omni.serve.request_body import parse_json, read_json_body
+
+MiB = 2**20
+
+
+def b64(size: int, seed: int) -> str:
+    return base64.b64encode(random.Random(seed).randbytes(size)).decode()
+
+
+def request_of(body: bytes, chunk: int = 65536) -> Request:
+    """A Starlette request whose body arrives in ``chunk``-byte messages."""
+    pieces = [body[i:i + chunk] for i in range(0, len(body), chunk)]
+
+    async def receive() -> dict[str, Any]:
+        if pieces:
+            return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)}
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [
+        (b"content-type", b"application/json")], "app": Starlette(), "query_string": b""}
+    return Request(scope, receive)
+
+
+def peak_of(work: Callable[[], Any]) -> tuple[Any, int]:
+    tracemalloc.start()
+    try:
+        result = work()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def split(body: bytes, sizes: list[int]) -> Any:
+    runs = RunSplitter()
+    at = 0
+    while at < len(body):
+        step = sizes[at % len(sizes)]
+        runs.feed(body[at:at + step])
+        at += step
+    runs.finish()
+    return parse_json(runs.text, 64, 10**6, runs), runs
+
+
+DOCS = [
+    {"a": "data:image/png;base64," + b64(1_500_000, 1), "b": [b64(2_000_000, 2), "x", "AAAA"],
+     b64(1_100_000, 3): 3},
+    ["data:video/mp4;base64," + b64(900_000, 4) + "\n" + b64(1_000_000, 5),
+     'a"b' + b64(1_200_000, 6), "\u00e9" + b64(1_200_000, 7)],
+    {"n": 12345, "t": "data:image/png;base64," + b64(2_000_000, 8) + "?", "u": "short"},
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("sizes", [[65536], [7, 1000, 65536], [MiB * 16]])
+def test_a_body_parsed_with_its_payloads_set_aside_is_the_same_value(doc: Any,
+                                                                     sizes: list[int]) -> None:
+    value, runs = split(json.dumps(doc).encode(), sizes)
+    assert value == doc
+    assert not runs.runs  # every payload given up to the value
+
+
+def test_long_payloads_are_set_aside_and_short_ones_stay() -> None:
+    doc = {"big": "data:image/png;base64," + b64(MIN_RUN, 1), "bare": b64(MIN_RUN, 2),
+           "small": "data:image/png;base64," + b64(1000, 3)}
+    runs = RunSplitter()
+    runs.feed(json.dumps(doc).encode())
+    runs.finish()
+    assert len(runs.runs) == 2 and len(runs.text) < 3000
+
+
+@pytest.mark.parametrize("broken", [b'"b": 1,,}', b'"b": 1 "c"}', b'"\xff": 1}'])
+def test_a_broken_body_is_refused_with_the_offsets_of_the_body_itself(broken: bytes) -> None:
+    body = json.dumps({"a": "data:;base64," + b64(1_500_000, 1)}).encode()[:-1] + b", " + broken
+    with pytest.raises(BadRequest) as ours:
+        split(body, [65536])
+    try:
+        json.loads(body.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        expected = f"at byte {exc.start}" if isinstance(exc, UnicodeDecodeError) else \
+            f"{exc.msg}: line {exc.lineno} column {exc.colno} (char {exc.pos})"
+    else:
+        raise AssertionError("the broken body parses")
+    assert expected in str(ours.value)
+
+
+def test_a_quote_or_backslash_never_moves_into_a_payload() -> None:
+    # base64 after a closing quote is no JSON; set aside or not, the body stays refused
+    body = b'{"a": "x"' + b"A" * (2 * MIN_RUN) + b'"}'
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        split(body, [65536])
+
+
+def test_reading_a_large_body_holds_it_about_once() -> None:
+    parts = [f"data:image/png;base64,{b64(6 * MiB, seed)}" for seed in range(3)]
+    body = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}} for url in parts]}]}).encode()
+    del parts
+    value, peak = peak_of(lambda: asyncio.run(read_json_body(request_of(body))))
+    assert value == json.loads(body)
+    assert peak < 1.5 * len(body), f"peak {peak / len(body):.2f}x the body"
+
+
+def test_sending_a_header_of_long_strings_holds_little_more() -> None:
+    texts = [f"data:image/png;base64,{b64(3 * MiB, seed)}" for seed in range(3)]
+    header = {"op": "submit", "payload": {"messages": [
+        {"content": [{"url": t} for t in texts]}], "note": "\u00e9" * 10}}
+    total = sum(map(len, texts))
+    ours, theirs = channel_pair()
+    drained = threading.Thread(target=_drain, args=(theirs,), daemon=True)
+    drained.start()
+    try:
+        _, peak = peak_of(lambda: Channel(ours).send_packed(pack_header(header, 1), [b"frame"]))
+    finally:
+        ours.close()
+        drained.join(10)
+    assert peak < 0.2 * total, f"peak {peak / total:.2f}x the strings"
+
+
+def _drain(sock: socket.socket) -> None:
+    buf = bytearray(MiB)
+    while sock.recv_into(buf):
+        pass
+    sock.close()
+
+
+def test_long_strings_cross_the_stage_wire_in_their_places() -> None:
+    big = "data:video/mp4;base64," + b64(2 * MiB, 1)
+    header = {"op": "submit", "payload": {"a": [big, ("x", big)], "b": {"c": big},
+                                          "d": "\u00e9" * MiB, "e": 1}}
+    ours, theirs = channel_pair()
+    reader = Channel(theirs)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(reader.recv()), daemon=True)
+    thread.start()
+    Channel(ours).send(header, [b"one", bytearray(b"two")])
+    thread.join(30)
+    ours.close()
+    theirs.close()
+    received, frames = got[0]
+    assert received == {"op": "submit", "payload": {"a": [big, ["x", big]], "b": {"c": big},
+                                                    "d": "\u00e9" * MiB, "e": 1}}
+    assert [bytes(f) for f in frames] == [b"one", b"two"]
