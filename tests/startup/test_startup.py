@@ -79,6 +79,29 @@ def test_health_says_starting_while_the_stages_load_then_one_ready_line() -> Non
         server.stop()
 
 
+def test_the_stage_processes_start_together_before_the_server_builds_its_app() -> None:
+    """Start-up overlaps: both stage processes are started at once, before the server imports
+    and builds its app (uvicorn's lifespan comes after that), so their imports and loads run
+    while the server's own start does."""
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "2")
+    try:
+        assert wait_until(lambda: "all stages ready" in server.log(), timeout=10)
+        lines = server.log().splitlines()
+
+        def first(text: str) -> int:
+            return next(i for i, line in enumerate(lines) if text in line)
+
+        spawned = first("stage processes started: ")
+        assert re.search(r"stage processes started: generation \(pid \d+\), reasoner "
+                         r"\(pid \d+\)$", lines[spawned])
+        ready = [i for i, line in enumerate(lines) if "ready (backend scripted)" in line]
+        assert len(ready) == 2 and spawned < min(ready)  # both started before either was ready
+        assert spawned < first("Waiting for application startup.")
+        assert sum("stage processes started" in line for line in lines) == 1
+    finally:
+        server.stop()
+
+
 def test_help_shows_the_host_and_port_defaults() -> None:
     out = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=60)
     flat = " ".join(out.stdout.split())
