@@ -7,7 +7,8 @@ servers so both see the same machine load, and reads where each second went:
 * per stage, from the stage's ready log line (``runtime/stage_process.py``): ``spawn_at_s`` (the
   stage process started, seconds after the server did), ``before_engine_s`` (its own spawn and
   imports until its engine is built) and ``engine_start_s`` (the engine's start: imports, load,
-  warm-up); for the hf backend also ``load_s`` (the engine's own "loaded ... in X s").
+  warm-up); for the hf backend also ``load_s`` (the engine's own "loaded ... in X s") and,
+  where the checkout logs it, ``imports_s`` (transformers or diffusers, in the engine's start).
 
 Servers: ``hf`` (``serve --demo``: the hf backend, the tiny random-weight checkpoint, built once
 into the cache beforehand) and ``scripted`` (``configs/cpu-scripted.yaml``). Prints the median and
@@ -40,6 +41,7 @@ from serve_kit import STAMP, free_port  # noqa: E402
 READY = re.compile(r"ready \(backend \w+\) ([\d.]+) s after the process started: ([\d.]+) s "
                    r"to reach the engine, ([\d.]+) s in the engine's start")
 LOADED = re.compile(r"hf (?:reasoner|generator): .* loaded on \w+ \([\w.]+\) in ([\d.]+) s")
+IMPORTS = re.compile(r"warmed up in [\d.]+ s; imports ([\d.]+) s")
 SERVERS = {"hf": ["--demo"], "scripted": ["--config", str(REPO / "configs/cpu-scripted.yaml")]}
 
 
@@ -100,6 +102,8 @@ def start_once(tree: Path, server: str, log_path: Path, timeout: float) -> dict[
             figures[f"{stage}.engine_start_s"] = float(ready.group(3))
         elif loaded := LOADED.search(m.group(3)):
             figures[f"{stage}.load_s"] = float(loaded.group(1))
+            if imports := IMPORTS.search(m.group(3)):
+                figures[f"{stage}.imports_s"] = float(imports.group(1))
     return figures
 
 
