@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import sys
 import time
@@ -124,13 +125,27 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
 
     async def serve() -> None:
         orchestrator.stages.spawn()
+        # Until uvicorn takes SIGINT and SIGTERM, either one stops the start once the app is
+        # built (the build is synchronous): the stages are stopped, nothing is served.
+        stop_signals: list[int] = []
+        previous = {sig: signal.signal(sig, lambda signum, _: stop_signals.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             server = _build_server(config, orchestrator, holder, started, host=host, port=port,
                                    model_name=model_name, log_level=log_level,
                                    log_format=log_format, log_polls=log_polls)
-        except BaseException:  # a configuration error, Ctrl-C: the stages go too
+        except BaseException:  # a configuration error: the stages go too
             await orchestrator.stop()
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if stop_signals:
+            log.info("stopping: %s arrived while the server was starting",
+                     signal.Signals(stop_signals[0]).name)
+            await orchestrator.stop()
+            holder["stopped_starting"] = True
+            return
         await server.serve(sockets=[sock])
 
     # uvicorn's own choice of event loop (``Server.run`` runs ``serve`` the same way); its
@@ -146,6 +161,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     if orchestrator.fatal_error is not None:
         print(f"sgl-omni: stopped: {orchestrator.fatal_error}", file=sys.stderr)
         return STOPPED
+    if holder.get("stopped_starting"):
+        return 0
     if not server.started or holder["app"].state.startup_error is not None:
         return STARTUP_FAILED
     return 0

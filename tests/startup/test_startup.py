@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -98,6 +99,25 @@ def test_the_stage_processes_start_together_before_the_server_builds_its_app() -
         assert len(ready) == 2 and spawned < min(ready)  # both started before either was ready
         assert spawned < first("Waiting for application startup.")
         assert sum("stage processes started" in line for line in lines) == 1
+    finally:
+        server.stop()
+
+
+def test_ctrl_c_while_the_stages_start_stops_them_cleanly(tmp_path: Path) -> None:
+    """The stages spawn before the server's app is built: Ctrl-C then (or a moment later, once
+    uvicorn has its signals) stops them too, leaves no scratch folder and prints no traceback."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "4", wait_ready=False,
+                    env={"TMPDIR": str(scratch)})
+    try:
+        assert wait_until(lambda: "stage processes started" in server.log(), timeout=60)
+        stages = server.descendants()
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0
+        assert not [p for p in stages if p.is_running() and p.status() != "zombie"]
+        assert sorted(p.name for p in scratch.iterdir()) == []
+        assert "Traceback" not in server.log()
     finally:
         server.stop()
 
