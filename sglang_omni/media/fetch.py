@@ -44,11 +44,11 @@ import ssl
 import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import anyio
 import certifi
-import httpx
 
 from sglang_omni.errors import MediaFetchFailed, MediaNotFound, MediaRefused
 from sglang_omni.media import inline
@@ -72,6 +72,9 @@ from sglang_omni.media.resolve import (
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.media.urls import RemoteURL
 from sglang_omni.media.workdir import RequestMediaDir
+
+if TYPE_CHECKING:  # httpx is imported where a fetch runs: a stage that never fetches
+    import httpx  # (or has not yet) does not pay for its import at start-up
 
 log = logging.getLogger("sglang_omni.media")
 
@@ -187,6 +190,8 @@ async def _fetch_remote(
     workdir: RequestMediaDir | None = None,
     resolver: Resolver | None = None,
 ) -> str | None:
+    import httpx
+
     where = f"{label}: fetching {preview(url.url)}"
     fetch = _Fetch(policy, sink, label, where, workdir, resolver)
     try:
@@ -234,6 +239,8 @@ class _Fetch:
         self.content_type: str | None = None
 
     async def follow(self, client: httpx.AsyncClient, url: RemoteURL) -> str | None:
+        import httpx
+
         current = RemoteMedia(url, allow_private=self.policy.allowlisted(url.host))
         for hop in range(self.policy.max_redirects + 1):
             location = await self._hop(client, current)
@@ -265,6 +272,8 @@ class _Fetch:
 
     async def _hop(self, client: httpx.AsyncClient, media: RemoteMedia) -> str | None:
         """Request one URL; the redirect location, or ``None`` once the body was received."""
+        import httpx
+
         addresses = await self._addresses(media)
         for i, address in enumerate(addresses):
             pinned = pinned_request(media.url, address)

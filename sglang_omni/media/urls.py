@@ -25,8 +25,6 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
-
 REMOTE_SCHEMES = frozenset({"http", "https"})
 
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
@@ -156,6 +154,8 @@ def parse_remote_url(ref: str) -> RemoteURL:
     host = normalize_host(raw_host)
     url = scheme + ref[len(scheme) :]
     # Second opinion: the parser of the client that will fetch the URL must agree.
+    import httpx  # here: importing it costs every process at start-up, most never parse a URL
+
     try:
         theirs = httpx.URL(url)
     except (httpx.InvalidURL, ValueError) as e:

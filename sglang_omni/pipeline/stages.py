@@ -62,8 +62,18 @@ class StageSet:
     def healthy(self) -> bool:
         return all(h.healthy for h in self.handles.values())
 
+    def spawn(self) -> None:
+        """Start every stage's process now without waiting (``StageHandle.spawn``); ``start()``
+        then waits for them. Logs the processes it started."""
+        started = [f"{name} (pid {handle.pid})" for name, handle in self.handles.items()
+                   if handle.spawn()]
+        if started:
+            log.info("stage processes started: %s", ", ".join(started))
+
     async def start(self) -> None:
-        """Start every stage at once; if one fails, stop the others and re-raise."""
+        """Start every stage at once (their processes all spawn before any is waited for); if
+        one fails, stop the others and re-raise."""
+        self.spawn()
         results = await asyncio.gather(*(h.start() for h in self.handles.values()),
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]

@@ -142,6 +142,8 @@ class StageHandle:
         self._pings = itertools.count(1)
         #: The temporary-file folder of the current process (``stage_main``'s ``scratch``).
         self._scratch: str | None = None
+        #: ``spawn()`` started the process ahead of ``start()``, which then only waits for it.
+        self._spawned_ahead = False
         #: Set by :meth:`end_calls` (server shutdown): the error of each call from then on.
         self._ended_by: Callable[[str], OmniError] | None = None
         #: Called as ``listener(outcome, seconds)`` when a call ends (``completed``, ``failed``
@@ -206,10 +208,26 @@ class StageHandle:
             return "exited"
         return "ready" if self.ready else "starting"
 
-    async def start(self) -> None:
-        """Spawn the process and wait for its ready message; StageStartupError on failure."""
+    def spawn(self) -> bool:
+        """Start the process now, in the running event loop, without waiting for it: the next
+        ``start()`` waits for this process instead of spawning one (the server spawns its stages
+        before it imports its app, so their start-up overlaps the server's). False when an
+        earlier ``spawn()`` did and ``start()`` has not run since."""
+        if self._spawned_ahead:
+            return False
         self._loop = asyncio.get_running_loop()
         self._spawn()
+        self._spawned_ahead = True
+        return True
+
+    async def start(self) -> None:
+        """Spawn the process (unless ``spawn()`` did) and wait for its ready message;
+        StageStartupError on failure."""
+        if self._spawned_ahead:
+            self._spawned_ahead = False
+        else:
+            self._loop = asyncio.get_running_loop()
+            self._spawn()
         try:
             await self._await_ready()
         except _ReadyTimeout as exc:

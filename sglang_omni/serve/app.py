@@ -58,10 +58,13 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
                background_start: bool = False,
                on_ready: Callable[[], Awaitable[None]] | None = None,
                on_startup_failure: Callable[[], None] | None = None,
-               log_polls: bool = False) -> FastAPI:
+               log_polls: bool = False, prepared: Orchestrator | None = None) -> FastAPI:
     """Build the app; stages start in the lifespan (see the module docstring). ``log_polls``
-    logs polls in the request log too (:mod:`.service_paths`)."""
-    orchestrator = Orchestrator(config, log_level, log_format)
+    logs polls in the request log too (:mod:`.service_paths`). ``prepared``: an orchestrator
+    built for ``config`` already, whose stages may have been spawned (``StageSet.spawn``); the
+    lifespan then waits for those processes."""
+    orchestrator = prepared if prepared is not None else Orchestrator(config, log_level,
+                                                                      log_format)
     served_name = model_name or config.model_path or config.config_cls
     routes = MODE_ROUTES[orchestrator.mode](orchestrator, served_name)
 

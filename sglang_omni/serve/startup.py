@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import sys
 import time
@@ -101,24 +102,89 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
                model_name: str | None, log_level: str, log_format: str,
                log_polls: bool = False) -> int:
     """Serve until stopped; the exit code (0, :data:`STOPPED`, :data:`STARTUP_FAILED`, or 2 for
-    a configuration error the app found)."""
+    a configuration error the app found).
+
+    The stage processes are spawned first, before the server imports its app (FastAPI and the
+    routes): their imports and model loads overlap the server's own start."""
     import uvicorn
+    from uvicorn._compat import asyncio_run
 
     from sglang_omni.errors import ConfigError
+    from sglang_omni.pipeline.orchestrator import Orchestrator
     from sglang_omni.runtime.allocator import bound_large_allocations
+
+    configure_logging(log_level, log_format)
+    bound_large_allocations()  # before the stages start: they inherit it
+    started = time.monotonic()
+    try:
+        orchestrator = Orchestrator(config, log_level, log_format)
+    except ConfigError as exc:
+        print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
+        return 2
+    holder: dict[str, Any] = {}
+
+    async def serve() -> None:
+        orchestrator.stages.spawn()
+        # Until uvicorn takes SIGINT and SIGTERM, either one stops the start once the app is
+        # built (the build is synchronous): the stages are stopped, nothing is served.
+        stop_signals: list[int] = []
+        previous = {sig: signal.signal(sig, lambda signum, _: stop_signals.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server = _build_server(config, orchestrator, holder, started, host=host, port=port,
+                                   model_name=model_name, log_level=log_level,
+                                   log_format=log_format, log_polls=log_polls)
+        except BaseException:  # a configuration error: the stages go too
+            await orchestrator.stop()
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if stop_signals:
+            log.info("stopping: %s arrived while the server was starting",
+                     signal.Signals(stop_signals[0]).name)
+            await orchestrator.stop()
+            holder["stopped_starting"] = True
+            return
+        await server.serve(sockets=[sock])
+
+    # uvicorn's own choice of event loop (``Server.run`` runs ``serve`` the same way); its
+    # app is only read when the server loads it.
+    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused").get_loop_factory()
+    try:
+        with contextlib.closing(sock):
+            asyncio_run(serve(), loop_factory=loop_factory)
+    except ConfigError as exc:
+        print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
+        return 2
+    server = holder["server"]
+    if orchestrator.fatal_error is not None:
+        print(f"sgl-omni: stopped: {orchestrator.fatal_error}", file=sys.stderr)
+        return STOPPED
+    if holder.get("stopped_starting"):
+        return 0
+    if not server.started or holder["app"].state.startup_error is not None:
+        return STARTUP_FAILED
+    return 0
+
+
+def _build_server(config: ResolvedConfig, orchestrator: Any, holder: dict[str, Any],
+                  started: float, *, host: str, port: int, model_name: str | None,
+                  log_level: str, log_format: str, log_polls: bool) -> Any:
+    """The app around ``orchestrator`` and the uvicorn server that serves it (also put in
+    ``holder`` as ``app`` and ``server``); ConfigError when the app finds the configuration
+    wrong. ``started``: monotonic time the ready line counts from."""
+    import uvicorn
+
     from sglang_omni.serve.app import create_app
     from sglang_omni.serve.connection import uvicorn_options
     from sglang_omni.serve.head_limit import HeadLimit
     from sglang_omni.serve.request_log import quiet_polls
     from sglang_omni.serve.shutdown import DrainingServer, uvicorn_timeout
 
-    configure_logging(log_level, log_format)
     if not log_polls:
         quiet_polls()
-    bound_large_allocations()  # before the stages start: they inherit it
-    started = time.monotonic()
     url = display_url(host, port)
-    holder: dict[str, Any] = {}
 
     async def on_ready() -> None:
         server = holder["server"]
@@ -127,7 +193,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
         if server.should_exit:
             return
         random = app.state.random_weights
-        line = ready_line(app.state.orchestrator.mode, url, config.server.api_key is not None,
+        line = ready_line(orchestrator.mode, url, config.server.api_key is not None,
                           time.monotonic() - started, scripted=_scripted_reasoner(config),
                           notice=random.notice if random is not None else None)
         if log_format == "json":  # a log collector reads JSON lines only
@@ -139,16 +205,10 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     def on_failure() -> None:
         holder["server"].should_exit = True
 
-    try:
-        app = create_app(config, model_name, log_level, log_format=log_format,
-                         background_start=True,
-                         on_ready=on_ready, on_startup_failure=on_failure,
-                         log_polls=log_polls)
-    except ConfigError as exc:
-        print(f"sgl-omni: configuration error: {exc}", file=sys.stderr)
-        return 2
+    app = create_app(config, model_name, log_level, log_format=log_format,
+                     background_start=True, on_ready=on_ready, on_startup_failure=on_failure,
+                     log_polls=log_polls, prepared=orchestrator)
     json_logs = log_format == "json"
-    orchestrator = app.state.orchestrator
     grace_s = config.server.shutdown_grace_s
     server = DrainingServer(uvicorn.Config(
         HeadLimit(app), host=host, port=port, log_level=log_level,
@@ -156,13 +216,6 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
         access_log=not json_logs,
         **uvicorn_options(config.server, app.state.body_budget)), orchestrator, grace_s)
-    holder["server"] = server
+    holder["app"], holder["server"] = app, server
     orchestrator.on_fatal = lambda: setattr(server, "should_exit", True)
-    with contextlib.closing(sock):
-        server.run(sockets=[sock])
-    if orchestrator.fatal_error is not None:
-        print(f"sgl-omni: stopped: {orchestrator.fatal_error}", file=sys.stderr)
-        return STOPPED
-    if not server.started or app.state.startup_error is not None:
-        return STARTUP_FAILED
-    return 0
+    return server

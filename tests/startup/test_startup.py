@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -75,6 +76,48 @@ def test_health_says_starting_while_the_stages_load_then_one_ready_line() -> Non
         assert '"kind": "image"' in out.stdout and "no script entry" not in out.stdout
         assert out.stderr == "" and max(map(len, out.stdout.splitlines())) <= 150
         assert "random weights" not in line  # the scripted engines load no checkpoint
+    finally:
+        server.stop()
+
+
+def test_the_stage_processes_start_together_before_the_server_builds_its_app() -> None:
+    """Start-up overlaps: both stage processes are started at once, before the server imports
+    and builds its app (uvicorn's lifespan comes after that), so their imports and loads run
+    while the server's own start does."""
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "2")
+    try:
+        assert wait_until(lambda: "all stages ready" in server.log(), timeout=10)
+        lines = server.log().splitlines()
+
+        def first(text: str) -> int:
+            return next(i for i, line in enumerate(lines) if text in line)
+
+        spawned = first("stage processes started: ")
+        assert re.search(r"stage processes started: generation \(pid \d+\), reasoner "
+                         r"\(pid \d+\)$", lines[spawned])
+        ready = [i for i, line in enumerate(lines) if "ready (backend scripted)" in line]
+        assert len(ready) == 2 and spawned < min(ready)  # both started before either was ready
+        assert spawned < first("Waiting for application startup.")
+        assert sum("stage processes started" in line for line in lines) == 1
+    finally:
+        server.stop()
+
+
+def test_ctrl_c_while_the_stages_start_stops_them_cleanly(tmp_path: Path) -> None:
+    """The stages spawn before the server's app is built: Ctrl-C then (or a moment later, once
+    uvicorn has its signals) stops them too, leaves no scratch folder and prints no traceback."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "4", wait_ready=False,
+                    env={"TMPDIR": str(scratch)})
+    try:
+        assert wait_until(lambda: "stage processes started" in server.log(), timeout=60)
+        stages = server.descendants()
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0
+        assert not [p for p in stages if p.is_running() and p.status() != "zombie"]
+        assert sorted(p.name for p in scratch.iterdir()) == []
+        assert "Traceback" not in server.log()
     finally:
         server.stop()
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sglang_omni.engines.base import EngineSpec, Job
@@ -105,16 +108,69 @@ class ModelThread:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+def prefetch_weights(model_path: str) -> int:
+    """Ask the kernel to read every ``*.safetensors`` file under ``model_path`` into the page
+    cache now (``posix_fadvise`` WILLNEED: the reads run in the background), so the load that
+    follows the engine's imports finds them there; the number of files asked for. A file that
+    cannot be opened is skipped (the load reports it)."""
+    asked = 0
+    for path in sorted(Path(model_path).rglob("*.safetensors")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            asked += 1
+        except OSError as exc:
+            log.debug("prefetching %s: %s", path, exc)
+        finally:
+            os.close(fd)
+    return asked
+
+
+def init_cuda() -> None:
+    """Initialise CUDA (driver and the device's context) now."""
+    import torch
+
+    torch.cuda.init()
+
+
+def _quietly(what: str, fn: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the load that follows meets it and reports it
+            log.debug("%s (ahead of the load) failed: %r", what, exc)
+
+    return run
+
+
 class ThreadedModelEngine:
     """Base of the hf engines: the model loads and runs on one ``ModelThread``.
 
-    Subclasses set ``self.thread`` in ``__init__`` and implement ``_load`` (run on the thread).
+    Subclasses set ``self.thread`` and ``self.spec`` in ``__init__`` and implement ``_load``
+    (run on the thread). While ``_load`` imports its libraries, the checkpoint's weight files
+    are read ahead (:func:`prefetch_weights`) and, for a stage on a GPU, CUDA initialises
+    (:func:`init_cuda`) on threads of their own; ``start()`` returns after both ended.
     """
 
     thread: ModelThread
+    spec: EngineSpec
 
     async def start(self) -> None:
-        await self.thread.load(self._load)
+        ahead = [threading.Thread(target=_quietly("prefetching the weights", lambda: (
+            prefetch_weights(str(self.spec.model_path)))), name="weights-prefetch", daemon=True)]
+        if self.spec.gpu is not None:
+            ahead.append(threading.Thread(target=_quietly("initialising CUDA", init_cuda),
+                                          name="cuda-init", daemon=True))
+        for thread in ahead:
+            thread.start()
+        try:
+            await self.thread.load(self._load)
+        finally:
+            for thread in ahead:
+                await asyncio.to_thread(thread.join)
 
     async def close(self) -> None:
         self.thread.close()

@@ -102,6 +102,7 @@ class HFGenerator(ThreadedModelEngine):
         self.thread = ModelThread(spec)
 
     def _load(self) -> None:
+        importing = time.perf_counter()
         from diffusers import DiffusionPipeline
 
         started = time.perf_counter()
@@ -126,9 +127,10 @@ class HFGenerator(ThreadedModelEngine):
             for modality, options in WARM_UP:
                 self._denoise(Job("warmup", {}, [], emit=lambda _: None),
                               self._plan(modality, "warm up", options))
-        log.info("hf generator: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; sound %s; "
-                 "guardrails %s; denoiser %s; pid %d", self.spec.model_path, self.device, dtype,
-                 loaded, time.perf_counter() - started - loaded,
+        log.info("hf generator: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; imports "
+                 "%.1f s; sound %s; guardrails %s; denoiser %s; pid %d", self.spec.model_path,
+                 self.device, dtype, loaded, time.perf_counter() - started - loaded,
+                 started - importing,
                  "yes" if self.has_sound else "no", "on" if guardrails else "off", denoiser,
                  os.getpid())
 

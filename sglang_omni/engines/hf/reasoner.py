@@ -101,6 +101,7 @@ class HFReasoner(ThreadedModelEngine):
         return self.contexts.stats()
 
     def _load(self) -> None:
+        importing = time.perf_counter()
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         started = time.perf_counter()
@@ -124,9 +125,9 @@ class HFReasoner(ThreadedModelEngine):
         loaded = time.perf_counter() - started
         if self.device.type == "cuda":
             self._warm_up()
-        log.info("hf reasoner: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; decoder %s; "
-                 "pid %d", self.spec.model_path, self.device, dtype, loaded,
-                 time.perf_counter() - started - loaded, mode, os.getpid())
+        log.info("hf reasoner: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; imports "
+                 "%.1f s; decoder %s; pid %d", self.spec.model_path, self.device, dtype, loaded,
+                 time.perf_counter() - started - loaded, started - importing, mode, os.getpid())
 
     def _warm_up(self) -> None:
         """One short turn with an image under a JSON schema, then the decode graphs of the
