@@ -41,6 +41,11 @@ class PackedHeader:
     head: bytes
     texts: list[str]
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes it takes on the wire (the texts set aside are ASCII)."""
+        return len(self.head) + sum(len(text) for text in self.texts)
+
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
     """Two connected sockets: keep one, pass the other to a spawned process."""

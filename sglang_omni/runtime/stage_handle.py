@@ -342,7 +342,7 @@ class StageHandle:
             self._last_progress = time.monotonic()
         self._open.add((rid, token))
         self.counters.submitted += 1
-        self.counters.sent_bytes += len(packed) + sum(len(frame) for frame in frames or [])
+        self.counters.sent_bytes += packed.nbytes + sum(len(frame) for frame in frames or [])
         sent = self._sender.submit(self._send_packed, packed, frames)
         sent.add_done_callback(lambda f: self._submit_sent(f, rid, pending))
         started, outcome = time.monotonic(), "failed"
