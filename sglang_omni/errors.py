@@ -153,16 +153,16 @@ class OutOfGPUMemory(ServerError):
 
 
 class MediaFetchFailed(OmniError):
-    """Fetching remote media failed (the host answered an error, timed out, broke the connection,
-    redirected too often or sent too much); :class:`MediaNotFound` when it answered 404."""
+    """Fetching remote media failed on the server's side of things (the host answered an
+    error, timed out, broke the connection, redirected too often or sent too much). A 404 is
+    the client's doing and is :class:`MediaNotFound`, which this does not catch."""
 
     status = 500
 
 
-class MediaNotFound(MediaFetchFailed):
-    """The media host answered 404: the request names media that does not exist."""
-
-    status = 400
+class MediaNotFound(BadRequest):
+    """The media host answered 404: the request names media that does not exist (a client
+    error: ``except MediaFetchFailed`` does not catch it)."""
 
 
 class StageCallError(OmniError):

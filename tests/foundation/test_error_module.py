@@ -12,6 +12,7 @@ import sglang_omni
 from sglang_omni import errors
 from sglang_omni.errors import (
     ERROR_TYPES,
+    BadRequest,
     MediaFetchFailed,
     MediaNotFound,
     NativeRefusal,
@@ -94,7 +95,8 @@ def test_error_types_come_from_the_one_map() -> None:
 def test_typed_media_and_native_errors_carry_their_status() -> None:
     assert (MediaFetchFailed("x").status, MediaFetchFailed("x").type) == (500, "server_error")
     not_found = MediaNotFound("x")
-    assert isinstance(not_found, MediaFetchFailed)
+    # a client error is not a kind of server failure: `except MediaFetchFailed` must not take it
+    assert isinstance(not_found, BadRequest) and not isinstance(not_found, MediaFetchFailed)
     assert not_found.to_body() == {"error": {"message": "x", "type": "invalid_request_error",
                                              "code": 400}}
     assert (NativeRefusal("x").status, NativeRefusal("x").type) == (400, "invalid_request_error")

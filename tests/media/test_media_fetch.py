@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_omni.errors import MediaFetchFailed, MediaRefused, OmniError
+from sglang_omni.errors import MediaFetchFailed, MediaNotFound, MediaRefused, OmniError
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes, materialize
 from tests.media.media_http_server import PNG, MediaServer
 
@@ -143,7 +143,7 @@ def test_404_is_400(media_server: MediaServer, tmp_path: Path) -> None:
         tmp_path,
         media_server.url("127.0.0.1", "/missing"),
         policy("127.0.0.1"),
-        MediaFetchFailed,
+        MediaNotFound,
         400,
     )
     assert err.to_body()["error"]["type"] == "invalid_request_error"
@@ -289,7 +289,7 @@ def test_load_bytes_fetches_with_limits(media_server: MediaServer, tmp_path: Pat
                 await load_bytes(
                     media_server.url("127.0.0.1", "/endless"), pol, workdir, label=LABEL
                 )
-            with pytest.raises(MediaFetchFailed) as info:
+            with pytest.raises(MediaNotFound) as info:
                 await load_bytes(
                     media_server.url("127.0.0.1", "/missing"), pol, workdir, label=LABEL
                 )
