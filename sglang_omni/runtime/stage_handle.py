@@ -142,6 +142,10 @@ class StageHandle:
         self._pings = itertools.count(1)
         #: The temporary-file folder of the current process (``stage_main``'s ``scratch``).
         self._scratch: str | None = None
+        #: When the current process was spawned, and how long after it said ready (monotonic
+        #: seconds; None before): ``startup_timeout_s`` counts from the spawn.
+        self._spawned_at = 0.0
+        self._ready_after: float | None = None
         #: ``spawn()`` started the process ahead of ``start()``, which then only waits for it.
         self._spawned_ahead = False
         #: Set by :meth:`end_calls` (server shutdown): the error of each call from then on.
@@ -270,6 +274,7 @@ class StageHandle:
         self.gpu_memory = None
         self.request_media = {}
         self._ready_future = self._loop.create_future()
+        self._spawned_at, self._ready_after = time.monotonic(), None
         ctx = mp.get_context("spawn")
         ours, theirs = channel_pair()
         self._remove_scratch()
@@ -291,8 +296,12 @@ class StageHandle:
 
     async def _await_ready(self) -> None:
         assert self._ready_future is not None
+        # counted from the spawn (the server may spawn its stages well before it waits)
+        left = self.startup_timeout_s - (time.monotonic() - self._spawned_at)
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready_future), self.startup_timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._ready_future), max(0.0, left))
+            if self._ready_after is not None and self._ready_after > self.startup_timeout_s:
+                raise TimeoutError
         except TimeoutError:
             raise _ReadyTimeout(
                 f"the {self.name} stage did not become ready within {self.startup_timeout_s:g} s; "
@@ -498,6 +507,7 @@ class StageHandle:
         if op == "ready":
             self.stops_server_on_exit = bool(header.get("stops_server_on_exit"))
             if self._ready_future and not self._ready_future.done():
+                self._ready_after = time.monotonic() - self._spawned_at
                 self._ready_future.set_result(None)
             return
         if op == "fatal":

@@ -150,7 +150,10 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
 
     # uvicorn's own choice of event loop (``Server.run`` runs ``serve`` the same way); its
     # app is only read when the server loads it.
-    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused").get_loop_factory()
+    # (log_config None: a Config configures logging as it is made, which would undo
+    # configure_logging's JSON lines)
+    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused",
+                                  log_config=None).get_loop_factory()
     try:
         with contextlib.closing(sock):
             asyncio_run(serve(), loop_factory=loop_factory)

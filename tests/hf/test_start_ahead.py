@@ -51,7 +51,7 @@ class Loader(ThreadedModelEngine):
 
     def __init__(self, spec: EngineSpec, seen: list[str]) -> None:
         self.spec = spec
-        self.thread = ModelThread("test-model")
+        self.thread = ModelThread(spec)
         self.seen = seen
         self.at_load: list[str] = []
 
