@@ -218,8 +218,8 @@ class Orchestrator:
         after = "it is restarting; retry shortly" if handle.restarting \
             else "the server is unhealthy and needs a restart"
         return self._fail_admitted(lambda rid: StageDied(
-            f"the {handle.name} stage process exited (code {handle.exitcode}) while request "
-            f"{rid} was in flight; {after}"))
+            f"the {handle.name} stage {handle.exit_cause} while request {rid} was in flight; "
+            f"{after}"))
 
     def _fail_admitted(self, error_of: Callable[[str], OmniError]) -> list[str]:
         """Fail every admitted interleaved request with ``error_of(rid)`` (its dispatch in

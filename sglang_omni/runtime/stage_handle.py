@@ -142,6 +142,10 @@ class StageHandle:
         self._pings = itertools.count(1)
         #: The temporary-file folder of the current process (``stage_main``'s ``scratch``).
         self._scratch: str | None = None
+        #: Why the last process ended, after "the STAGE stage" (its exit code, or the stall
+        #: it was killed for): what requests that depended on it are told.
+        self.exit_cause = ""
+        self._stall_cause: str | None = None
         #: When the current process was spawned, and how long after it said ready (monotonic
         #: seconds; None before): ``startup_timeout_s`` counts from the spawn.
         self._spawned_at = 0.0
@@ -572,6 +576,7 @@ class StageHandle:
         kill its process group (the watcher then reports the exit)."""
         self._kill_stuck(
             f"has not answered its heartbeat for {silent_s:.1f} s",
+            f"stopped answering (no heartbeat for {silent_s:.1f} s; killed)",
             lambda rid: f"the {self.name} stage stopped answering (no heartbeat for "
                         f"{silent_s:.1f} s) while request {rid} was running; it is killed and "
                         "restarted if its restart budget allows")
@@ -583,16 +588,20 @@ class StageHandle:
         self._kill_stuck(
             f"has made no progress on its {len(self._open)} job(s) for {silent_s:.1f} s "
             f"(stages.{self.name}.factory.progress_timeout_s; a hung engine or GPU)",
+            f"made no progress for {silent_s:.1f} s (its engine is hung; killed)",
             lambda rid: f"the {self.name} stage made no progress for {silent_s:.1f} s (its "
                         f"engine is hung) while request {rid} was running; it is killed and "
                         "restarted if its restart budget allows (raise "
                         f"stages.{self.name}.factory.progress_timeout_s if its generations "
                         "legitimately run longer without reporting a step)")
 
-    def _kill_stuck(self, what: str, message: Callable[[str], str]) -> None:
+    def _kill_stuck(self, what: str, cause: str, message: Callable[[str], str]) -> None:
+        """Fail the calls in flight with ``message(rid)`` and kill the process; ``cause`` (what
+        the stage did, after "the STAGE stage") becomes its :attr:`exit_cause` when it exits."""
         if self.dead or self.stalled or self._process is None:
             return
         self.stalled = True
+        self._stall_cause = cause
         self.last_fault = f"stalled: it {what}; killed"
         log.error("the %s stage %s; failing its %d call(s) in flight and killing it (its exit "
                   "counts every request it fails)", self.name, what, len(self._pending))
@@ -651,6 +660,9 @@ class StageHandle:
             self.stalled = False
             return
         self.restarting = self.restart_decision(self)
+        self.exit_cause = self._stall_cause if self.stalled and self._stall_cause else \
+            f"process exited (code {self.exitcode})"
+        self._stall_cause = None
         if not self.stalled:  # a stalled stage's exit is the kill; its fault is the stall
             self.last_fault = f"exited with code {self.exitcode}" + (
                 f": {self.fatal_message}" if self.fatal_message else "")
