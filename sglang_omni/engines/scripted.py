@@ -87,7 +87,7 @@ from sglang_omni.engines.payloads import (
 )
 from sglang_omni.engines.result import StageResult
 from sglang_omni.engines.synth_media import frame_pixels
-from sglang_omni.engines.video_delivery import send_reader_copy
+from sglang_omni.engines.video_delivery import encode_video
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import iter_content_parts, text_of
@@ -311,6 +311,7 @@ DIRECTIVE_RE = re.compile(
     r"^\s*!(no-media|crash|oversize|extra|malformed|hang|error|oom|sleep=([0-9.]+)|size=([0-9]+))")
 ABORT_DELAY_RE = re.compile(r"!abort-delay=([0-9.]+)")
 ENCODE_DELAY_RE = re.compile(r"!encode-delay=([0-9.]+)")
+READER_DELAY_RE = re.compile(r"!reader-delay=([0-9.]+)")
 
 
 def _int_option(options: dict[str, Any], key: str, default: int) -> int:
@@ -402,17 +403,15 @@ class ScriptedGenerator:
             pixels = await asyncio.to_thread(
                 lambda: [frame_pixels(prompt, seed, width, height, i) for i in range(frames)])
 
-            def encode(how: VideoEncoding) -> bytes:
-                return encode_mp4(pixels, fps, encoding=how)
+            async def encode(how: VideoEncoding, for_reader: bool) -> bytes:
+                delay = (READER_DELAY_RE if for_reader else ENCODE_DELAY_RE).search(prompt)
+                if delay:  # a slow x264 for this copy
+                    log.info("request %s: %s: %s takes %s s more", job.rid, delay.group(0),
+                             "the Reasoner's copy" if for_reader else "the MP4", delay.group(1))
+                    await asyncio.sleep(float(delay.group(1)))
+                return await asyncio.to_thread(encode_mp4, pixels, fps, encoding=how)
 
-            await send_reader_copy(job, encode, encoding)
-            encode_delay = ENCODE_DELAY_RE.search(prompt)
-            if encode_delay:  # a slow x264, after the Reasoner's copy was sent
-                log.info("request %s: !encode-delay: the MP4 takes %s s more", job.rid,
-                         encode_delay.group(1))
-                await asyncio.sleep(float(encode_delay.group(1)))
-            with job.timed("encode"):
-                data = await asyncio.to_thread(encode, encoding)
+            data = await encode_video(job, encode, encoding)
         else:
             mime = "image/png"
             with job.timed("encode"):  # the pixels are made and encoded together

@@ -1,22 +1,29 @@
-"""The Reasoner's copy of a generated video, sent ahead of the client's MP4.
+"""A generated video's two encodes: the client's MP4 and, beside it, the Reasoner's quick copy.
 
 A generation job whose payload sets ``early_video`` (the interleaved adapter does) encodes the
-frames twice: first quickly (x264 at ``media.encode.READER_PRESET``, the same threads), sent as
-the job's early result so the next Reasoner turn can start; then the client's MP4 at the
-request's encoding, returned as the job's result. Where the client's encoding is itself that
-quick, or the transport takes no early result, nothing is sent early and the Reasoner reads the
-client's MP4, as before.
+frames twice at once: the client's MP4 at the request's encoding (the job's result), and a quick
+copy (x264 at ``media.encode.READER_PRESET``, the same threads) sent as the job's early result
+the moment it is ready, so the next Reasoner turn can start while the client's MP4 is still
+being encoded. Neither waits for the other: the client's segment is ready when its own encode
+ends. Should the client's MP4 be ready first, the copy is dropped and the final result serves
+the next turn, as where the client's encoding is itself that quick or the transport takes no
+early result (then nothing is sent early and the Reasoner reads the client's MP4).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 from sglang_omni.engines.base import Job
 from sglang_omni.engines.payloads import MediaResult
 from sglang_omni.engines.result import StageResult
 from sglang_omni.media.encode import READER_PRESET, VideoEncoding
+
+#: ``encode(encoding, for_reader)``: the MP4 of the job's frames at ``encoding``, off the event
+#: loop; ``for_reader`` says it is the Reasoner's copy (engines may treat it apart).
+Encoder = Callable[[VideoEncoding, bool], Awaitable[bytes]]
 
 
 def wants_reader_copy(job: Job, encoding: VideoEncoding) -> bool:
@@ -25,14 +32,33 @@ def wants_reader_copy(job: Job, encoding: VideoEncoding) -> bool:
         and encoding.slower_than(READER_PRESET)
 
 
-async def send_reader_copy(job: Job, encode: Callable[[VideoEncoding], bytes],
-                           encoding: VideoEncoding) -> bool:
-    """When ``job`` wants one (``wants_reader_copy``): ``encode`` the frames at
-    ``READER_PRESET`` off the event loop and send the MP4 as the job's early result. True when
-    sent; the caller then encodes the client's MP4 as usual."""
-    if not wants_reader_copy(job, encoding):
-        return False
-    with job.timed("encode"):
-        data = await asyncio.to_thread(encode, VideoEncoding(READER_PRESET, encoding.threads))
-    return job.send_early(StageResult(MediaResult(
-        media=[{"kind": "video", "mime_type": "video/mp4", "frame": 0}], reason=None), [data]))
+async def encode_video(job: Job, encode: Encoder, encoding: VideoEncoding) -> bytes:
+    """The client's MP4 (``encode(encoding, False)``); where the job wants one
+    (``wants_reader_copy``), the Reasoner's copy encoded beside it and sent as the early result
+    as soon as it is ready, unless the client's MP4 is ready first. The ``encode`` span is the
+    wall time of both together. Cancelling it cancels both; an error in either fails it."""
+    started = time.perf_counter()
+    before = job.spans.get("encode", 0.0)
+
+    def spent() -> None:
+        job.spans["encode"] = before + time.perf_counter() - started
+
+    client = asyncio.ensure_future(encode(encoding, False))
+    reader = asyncio.ensure_future(encode(VideoEncoding(READER_PRESET, encoding.threads), True)) \
+        if wants_reader_copy(job, encoding) else None
+    try:
+        if reader is not None:
+            await asyncio.wait({client, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if not client.done():  # the copy is ready (or failed) first
+                data = reader.result()
+                spent()
+                job.send_early(StageResult(MediaResult(
+                    media=[{"kind": "video", "mime_type": "video/mp4", "frame": 0}],
+                    reason=None), [data]))
+        return await client
+    finally:
+        pending = [task for task in (client, reader) if task is not None and not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        spent()

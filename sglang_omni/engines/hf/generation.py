@@ -52,7 +52,7 @@ from sglang_omni.engines.hf.common import (
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
 from sglang_omni.engines.payloads import GenerationPayload, MediaResult
 from sglang_omni.engines.result import StageResult
-from sglang_omni.engines.video_delivery import send_reader_copy
+from sglang_omni.engines.video_delivery import encode_video
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
@@ -151,12 +151,15 @@ class HFGenerator(ThreadedModelEngine):
         sample_rate = self._sample_rate() if outcome[1] is not None else None
         encoding = self.encoding.with_preset(options.get("x264_preset"))
         if modality == "video":
-            await send_reader_copy(
-                job, lambda how: _encode(modality, outcome, call.fps, sample_rate, how)[0],
-                encoding)
-        with job.timed("encode"):
-            data, mime = await _to_thread(_encode, modality, outcome, call.fps, sample_rate,
-                                          encoding)
+            async def encode(how: VideoEncoding, _for_reader: bool) -> bytes:
+                data, _ = await _to_thread(_encode, modality, outcome, call.fps, sample_rate, how)
+                return data
+
+            data, mime = await encode_video(job, encode, encoding), "video/mp4"
+        else:
+            with job.timed("encode"):
+                data, mime = await _to_thread(_encode, modality, outcome, call.fps, sample_rate,
+                                              encoding)
         return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
                                        reason=None), [data])
 
