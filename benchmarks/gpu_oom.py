@@ -44,6 +44,9 @@ from typing import Any
 from serve_gpu import GEN_START, VIDEO_PROMPT, child_env
 from serve_kit import REPO, LogTail, Server, sse_request
 
+if str(REPO) not in sys.path:  # the clips are made with the checkout's own media code
+    sys.path.insert(0, str(REPO))
+
 #: A stage's heartbeat is every second: two of them after a request ended carry its memory.
 SETTLE_S = 2.5
 OOM_TEXT = "ran out of GPU memory"

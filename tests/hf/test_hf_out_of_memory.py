@@ -123,3 +123,35 @@ def test_a_static_cache_whose_growth_ran_out_of_memory_is_made_again(static_reas
     monkeypatch.setattr(torch, "zeros", zeros)
     assert calls[0] == 3
     assert run(engine, "after", plain(turns(0)), FRAMES[:1])["text"]
+
+
+def test_a_vae_decode_that_ran_out_of_memory_leaves_no_cached_features(
+        tiny_checkpoint: Path) -> None:
+    """The VAE decodes frame by frame, keeping its causal convolutions' features between
+    frames; a decode that fails part way must not leave them held (measured on an H200: 1.85 GiB
+    held after a 1280x720 video's decode ran out of memory, until the next request)."""
+    from sglang_omni.engines.hf import HFGenerator
+
+    loop = Loop()
+    generator = HFGenerator(spec("generation", tiny_checkpoint))
+    loop.run(generator.start())
+    vae = generator.pipe.vae
+    calls = [0]
+
+    def fail_on_the_second_frame(*_: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the first frame's features are cached by now
+            assert any(feature is not None for feature in vae._feat_map)
+            raise torch.OutOfMemoryError(OOM_TEXT)
+
+    hook = vae.decoder.register_forward_pre_hook(fail_on_the_second_frame)
+    payload = {"modality": "video", "prompt": "a cube", "options": {**SMALL, "num_frames": 9}}
+    try:
+        with pytest.raises(OutOfGPUMemory):
+            loop.run(generator.run(Job("oom", payload, [], emit=lambda _: None)))
+    finally:
+        hook.remove()
+    assert calls[0] == 2
+    assert all(feature is None for feature in vae._feat_map), "the failed decode's features"
+    loop.run(generator.close())
+    loop.loop.call_soon_threadsafe(loop.loop.stop)

@@ -187,7 +187,8 @@ async def run_action(engine: Any, job: Job) -> StageResult:
         kwargs["action"] = CosmosActionCondition(**condition)
     except ValueError as exc:
         raise BadRequest(f"action: {exc}") from None
-    output = await engine.thread.call(_run, engine, job, kwargs, seed)
+    output = await engine.thread.call(_run, engine, job, kwargs, seed,
+                                      release=engine.drop_vae_cache)
     if video_call:
         return await _video_result(output, int(fields.get("fps") or 24),
                                    engine.encoding.with_preset(fields.get("x264_preset")))

@@ -144,7 +144,7 @@ class HFGenerator(ThreadedModelEngine):
         options = {**self.defaults, **check_generation_options(payload.get("options"))}
         call = self._plan(modality, str(payload.get("prompt", "")), options)
         await self._read_conditioning(call, options)
-        outcome = await self.thread.call(self._denoise, job, call)
+        outcome = await self.thread.call(self._denoise, job, call, release=self.drop_vae_cache)
         if isinstance(outcome, str):
             log.warning("request %s: generation produced no media: %s", job.rid, outcome)
             return StageResult(MediaResult(media=[], reason=outcome))
@@ -211,6 +211,14 @@ class HFGenerator(ThreadedModelEngine):
         if "image" in call.kwargs and "video" in call.kwargs:
             raise BadRequest("stage_params.generation: image_path and video_path exclude each "
                              "other; set one")
+
+    def drop_vae_cache(self) -> None:
+        """Drop what the VAE keeps between the frames of one decode (its causal convolutions'
+        feature cache): a decode that failed part way (out of memory, say) leaves it full until
+        the next decode clears it; it is the failed request's, so it goes now."""
+        clear = getattr(getattr(self.pipe, "vae", None), "clear_cache", None)
+        if callable(clear):
+            clear()
 
     # --- on the model thread -------------------------------------------------------------------
     def _denoise(self, job: Job, call: Call) -> tuple[Any, Any] | str:
