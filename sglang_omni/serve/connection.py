@@ -22,7 +22,9 @@ Why subclass, and which uvicorn: uvicorn has no public hook for header, body or 
 reset moved, the WebSocket upgrade hands data over after the new protocol is made).
 tests/wire/test_uvicorn_internals.py fails when an overridden method or a field used is gone;
 tests/wire/test_connections.py pins each behaviour above (idle, slow head, slow body, a body no
-route reads, keep-alive then idle, the 400 JSON answer, a stalled reader).
+route reads, keep-alive then idle, the 400 JSON answer, a stalled reader);
+tests/generation/test_realtime_ws.py that a WebSocket outlives them once upgraded (without the
+upgrade hook the body deadline cut a session after 3 s).
 """
 
 from __future__ import annotations
