@@ -46,6 +46,7 @@ from sglang_omni.pipeline.streams import stream_call
 from sglang_omni.pipeline.timeline import dispatch_spans
 from sglang_omni.pipeline.umm import (
     Complete,
+    DispatchReceipt,
     Limits,
     Segment,
     UMMController,
@@ -282,7 +283,11 @@ class Orchestrator:
                 observer.generation(modality, time.monotonic() - started)
                 return timed(result, started)
 
-            work = self.scheduler.generation(rid, modality, run, lambda: ran_steps)
+            planned = await self._unless_doomed(
+                rid, self.scheduler.generation(rid, modality, run, lambda: ran_steps))
+            if isinstance(planned, DispatchReceipt):  # not run: the adapter hears why
+                return StageResult({}, [], stage=stage, receipt=planned.message)
+            return planned
         else:
             media = self.reasoner_media.get(rid)
 

@@ -139,14 +139,15 @@ class PlannedGenerations:
         return result
 
     async def generation(self, rid: str, modality: str, run: Callable[[], Awaitable[T]],
-                         ran_steps: Callable[[], int | None] = lambda: None) -> T:
+                         ran_steps: Callable[[], int | None] = lambda: None
+                         ) -> T | DispatchReceipt:
         """Queue a generation, run it once the scheduler started it for this request, measure it
         (``ran_steps()``, read once it finished: the denoising steps it ran, if known).
 
-        Raises DispatchReceipt when the plan no longer allows the generation (it is not run; the
-        request's next Reasoner turn is offered only a final answer), ServiceUnavailable when the
-        plan fails the request. However else it ends without a result, the request's plan is
-        released at once: the request ends with its generation.
+        Returns a DispatchReceipt when the plan no longer allows the generation (it is not run;
+        the request's next Reasoner turn is offered only a final answer); raises
+        ServiceUnavailable when the plan fails the request. However else it ends without a
+        result, the request's plan is released at once: the request ends with its generation.
         """
         state = self.requests.get(rid)
         if state is None:
@@ -159,7 +160,7 @@ class PlannedGenerations:
         if update.receipt is not None:
             log.info("request %s: the plan no longer allows its %s generation; answered with "
                      "a receipt", rid, modality)
-            raise DispatchReceipt(update.receipt)
+            return DispatchReceipt(update.receipt)
         try:
             await self._unless_failed(state, state.go.wait)
             state.go.clear()

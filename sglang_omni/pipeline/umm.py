@@ -71,13 +71,13 @@ class Dispatch:
     modality: str | None = None
 
 
-class DispatchReceipt(Exception):  # noqa: N818 - a receipt, not an error
-    """Raised by a ``StageCall`` to answer a dispatch without running it: the controller hands
-    the adapter ``StageResult({}, [], stage=stage, receipt=message)``."""
+@dataclass(frozen=True)
+class DispatchReceipt:
+    """The planned queue's answer to a generation it will not run (a value, not an exception):
+    ``PlannedGenerations.generation`` returns it instead of the generation's result, and the
+    ``StageCall`` turns it into ``StageResult({}, [], stage=stage, receipt=message)``."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    message: str
 
 
 @dataclass(frozen=True)
@@ -235,8 +235,8 @@ class Complete:
 
 StageCall = Callable[[str, str, Mapping[str, Any], Frames], Awaitable[StageResult]]
 """``call(stage, rid, payload, frames)``: run a dispatch and return the stage's result (its
-``stage`` set, as ``StageHandle.call`` sets it); cancelling it aborts the job. It may raise
-``DispatchReceipt`` to answer a generation the deadline plan no longer allows."""
+``stage`` set, as ``StageHandle.call`` sets it); cancelling it aborts the job. A result with
+``receipt`` set answers a generation the deadline plan no longer allows (it was not run)."""
 
 
 class UMMController:
@@ -350,12 +350,11 @@ class UMMRun:
                 failure: OmniError | None = None
                 try:
                     result = await self._within(call)
-                except DispatchReceipt as receipt:
-                    # Not run, whatever the adapter assumed its allowance was: it gets the
-                    # receipt (the generation is not counted; the dispatch is, so an adapter
-                    # that keeps asking still ends within max_dispatches).
-                    state.uncount_generation(dispatch)
-                    result = StageResult({}, [], stage=dispatch.stage, receipt=receipt.message)
+                    if result.receipt is not None:
+                        # Not run, whatever the adapter assumed its allowance was: it gets the
+                        # receipt (the generation is not counted; the dispatch is, so an
+                        # adapter that keeps asking still ends within max_dispatches).
+                        state.uncount_generation(dispatch)
                 except OmniError as exc:
                     if not is_client_error(exc.status):
                         raise  # a server fault (out of GPU memory...): fail now, cancel the rest

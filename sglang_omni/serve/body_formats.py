@@ -109,7 +109,7 @@ def data_url(upload: Upload) -> str:
     show, else guessed from its name (a name's type is never checked against the bytes)."""
     mime = (upload.content_type or "").split(";", 1)[0].strip().lower()
     if not mime or mime == "application/octet-stream":
-        found = sniff_format(upload.data[:HEAD_BYTES])
+        found = sniff_format(bytes(upload.data[:HEAD_BYTES]))
         mime = MIME_OF_FORMAT[found][0] if found is not None else \
             mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
     return f"data:{mime};base64,{base64.b64encode(upload.data).decode()}"

@@ -13,6 +13,18 @@ response, and has no header or body deadline. :class:`GuardedH11Protocol` adds t
   stream it stopped reading) for ``server.send_timeout_s`` has its connection aborted: the
   request then ends as for a client that left, its work cancelled (a stalled reader would
   otherwise hold its request, past its deadline, for as long as it stays connected).
+
+Why subclass, and which uvicorn: uvicorn has no public hook for header, body or send deadlines
+(only ``timeout_keep_alive``, armed after a response) or for bounding a stalled reader, so
+:class:`GuardedH11Protocol` and :class:`BoundedFlow` subclass its private ``H11Protocol`` and
+``FlowControl``. Checked against uvicorn 0.52.1, 0.53.0, 0.54.0 and 0.55.0 (pyproject:
+``uvicorn>=0.52.1,<0.56``); these classes changed in 0.52.1 and 0.55.0 (the keep-alive timer's
+reset moved, the WebSocket upgrade hands data over after the new protocol is made).
+tests/wire/test_uvicorn_internals.py fails when an overridden method or a field used is gone;
+tests/wire/test_connections.py pins each behaviour above (idle, slow head, slow body, a body no
+route reads, keep-alive then idle, the 400 JSON answer, a stalled reader);
+tests/generation/test_realtime_ws.py that a WebSocket outlives them once upgraded (without the
+upgrade hook the body deadline cut a session after 3 s).
 """
 
 from __future__ import annotations

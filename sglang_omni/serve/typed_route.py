@@ -16,8 +16,35 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute, APIRouter
+from starlette.datastructures import Headers, MutableHeaders
 
 from sglang_omni.serve.body_formats import formats_of, read_route_body
+
+
+class ReadBodyRequest(Request):
+    """A request whose body was already read and checked by ``read_route_body``: ``body()``
+    and ``json()`` answer with that value and ``headers`` name the JSON content type, so
+    FastAPI validates the value without reading or parsing the body again (FastAPI's documented
+    custom-``Request`` pattern; no private field of Starlette's ``Request`` is written). The
+    route's endpoint receives this request: its ``headers`` then show ``application/json``
+    whatever the client sent (``request.state.body_format`` says what it was)."""
+
+    def __init__(self, request: Request, value: Any) -> None:
+        super().__init__(request.scope, request.receive)
+        self._value = value
+        self._json_headers = MutableHeaders(scope={"type": "http", "headers": [
+            (k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]})
+        self._json_headers["content-type"] = "application/json"
+
+    @property
+    def headers(self) -> Headers:
+        return self._json_headers
+
+    async def body(self) -> bytes:
+        return b"{}"  # non-empty: FastAPI then asks for json()
+
+    async def json(self) -> Any:
+        return self._value
 
 
 class OmniRoute(APIRoute):
@@ -36,16 +63,7 @@ class OmniRoute(APIRoute):
         async def read_then_handle(request: Request) -> Response:
             kind, value = await read_route_body(request, extra, properties)
             request.state.body_format = kind
-            # FastAPI reads ``body()`` (any non-empty bytes) then ``json()``: both answer from
-            # these caches, so the body is parsed once, by the reader. The content type is the
-            # JSON one from here on, so FastAPI never parses a form itself.
-            request._body = b"{}"
-            request._json = value
-            request.scope["headers"] = [
-                (k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"
-            ] + [(b"content-type", b"application/json")]
-            request.__dict__.pop("_headers", None)
-            return await handler(request)
+            return await handler(ReadBodyRequest(request, value))
 
         return read_then_handle
 

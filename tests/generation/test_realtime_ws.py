@@ -248,3 +248,18 @@ def test_a_client_that_stops_reading_loses_its_session() -> None:
                 server.proc.pid).net_connections(kind="tcp") if c.raddr), timeout=10)
         finally:
             silent.close()
+
+
+def test_an_upgraded_connection_outlives_the_http_deadlines() -> None:
+    """Once a connection is a WebSocket, the HTTP protocol's idle, header and body deadlines
+    (``serve/connection.py``, 1 s each here, 2 s more for the body backstop) no longer apply: a
+    session whose two chunks take about 2.5 s each ends normally, both chunks delivered."""
+    with scripted_server("--generation.factory.step_time_s", "0.02", "--server.header_timeout_s",
+                         "1", "--server.idle_timeout_s", "1", "--server.body_timeout_s",
+                         "1") as server, ws(server, "/v1/realtime_video/generate") as conn:
+        conn.send(msgpack.packb({**INIT, "max_chunks": 2, "num_inference_steps": 125}))
+        started = time.monotonic()
+        chunks = [recv(conn) for _ in range(2)]
+        assert [c.get("chunk_index") for c in chunks] == [0, 1], chunks
+        assert closed_code(conn) == 1000
+        assert time.monotonic() - started > 3  # past every deadline of the HTTP protocol

@@ -61,10 +61,9 @@ async def one_request(sched: PlannedGenerations, watch: Watch, rid: str, rng: ra
     try:
         for _ in range(rng.randint(1, 4)):
             await sched.reasoner_turn(rid, lambda: asyncio.sleep(rng.choice(sleeps)))
-            try:
-                await sched.generation(rid, rng.choice(["image", "video"]),
-                                       lambda: watch.generate(rid, rng.choice(sleeps)))
-            except DispatchReceipt:
+            made = await sched.generation(rid, rng.choice(["image", "video"]),
+                                          lambda: watch.generate(rid, rng.choice(sleeps)))
+            if isinstance(made, DispatchReceipt):
                 break
         await sched.reasoner_turn(rid, lambda: asyncio.sleep(rng.choice(sleeps)))
         return "completed"
