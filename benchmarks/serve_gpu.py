@@ -94,6 +94,7 @@ class Bench:
 
     def __init__(self, server: Server, tail: LogTail, gpus: GpuSampler, quick: bool) -> None:
         self.server, self.tail, self.gpus, self.quick = server, tail, gpus, quick
+        self.x264_preset: str | None = None  # the video step's, else the server's default
         self.stage_pids: dict[str, int] = {}
         self.stage_load: dict[str, dict[str, float]] = {}
         for _at, source, message in tail.since(0):
@@ -218,6 +219,11 @@ class Bench:
             if first == want:
                 videos = [e["t"] for e in result["events"] if e.get("kind") == "video"]
                 result["video_segment_s"] = videos[0] if videos else None
+                turns, made = result.get("reasoner_turns") or [], result.get("generations") or []
+                if videos and turns and made and made[0].get("s") is not None:
+                    # after its generation ended: the encode, the relay and the server
+                    result["segment_after_generation_s"] = round(
+                        videos[0] - turns[0]["s"] - made[0]["s"], 3)
                 result["probes"] = probes
                 return result
         return {"probes": probes, "error": f"no seed in {tries} made a first decision {want}"}
@@ -245,7 +251,8 @@ class Bench:
             time.sleep(0.1)
 
     def video(self) -> dict[str, Any]:
-        options = {**self.generation_options(True), "seed": 7}
+        options = {**self.generation_options(True), "seed": 7,
+                   **({"x264_preset": self.x264_preset} if self.x264_preset else {})}
         return self.probe("/generate", lambda seed: {
             "prompt": VIDEO_PROMPT, "stream": True, "rid": f"bench-video-{seed}",
             "temperature": 1.0, "seed": seed, "stage_params": {"generation": options}},
@@ -325,6 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         figures["server_start_s"] = round(server.wait_ready(args.start_timeout), 2)
         time.sleep(0.5)
         bench = Bench(server, tail, gpus, args.quick)
+        bench.x264_preset = args.x264_preset
         figures["stage_load"] = bench.stage_load
         steps: list[tuple[str, Any]] = [
             ("interleaved_first", lambda: bench.interleaved(1)),
@@ -401,6 +409,8 @@ def main() -> int:
     parser.add_argument("--start-timeout", type=float, default=900)
     parser.add_argument("--serve-from", help="serve another checkout's sglang_omni (an older "
                         "commit, for a side-by-side run); this script and its checks stay")
+    parser.add_argument("--x264-preset", help="the video step's x264_preset (else the "
+                        "server's default)")
     parser.add_argument("--only", help="run only these steps (comma-separated: "
                         "interleaved_first, interleaved_again, video, chat, abort)")
     args = parser.parse_args()
