@@ -25,7 +25,7 @@ from sglang_omni.pipeline.chat_admission import AdmissionTicket
 from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.request_ids import RequestIds
-from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.chat_request import parse_chat_request, set_fields
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
 from sglang_omni.serve.mode_routes import ModeRoutes, check_model, refuse_generate
@@ -53,7 +53,7 @@ def chat_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
         if req.include_progress:
             raise BadRequest("stream_options.include_progress: text-only chat runs no "
                              "generations, so it has no progress to send; leave it unset")
-        refs = check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        refs = check_chat_request(set_fields(body), orchestrator.policy)
         await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         return await _text_chat(request, orchestrator, req, req.model or served_name)
