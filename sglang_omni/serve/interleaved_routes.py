@@ -19,11 +19,15 @@ from starlette.background import BackgroundTask
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import check_chat_request
 from sglang_omni.media.admission import admit_media
-from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
+from sglang_omni.models.cosmos3.generation_limits import (
+    check_generation_limits,
+    generation_defaults,
+    size_multiple,
+)
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
-from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.chat_request import parse_chat_request, set_fields
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.fleet_queue import waited_s
 from sglang_omni.serve.generate_request import parse_generate_request
@@ -52,7 +56,8 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     config = orchestrator.config
     stage_names = tuple(orchestrator.stages.handles)
     generation = config.stages.get("generation")
-    multiple = size_multiple(generation.factory.get("backend") if generation else None)
+    backend = generation.factory.get("backend") if generation else None
+    multiple, defaults = size_multiple(backend), generation_defaults(backend)
 
     async def open_run(request: Request, rid: str, messages: list, sampling: dict,
                        stage_params: dict, stage_sampling: dict) -> UMMRun:
@@ -63,7 +68,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         try:
             check_generation_limits(stage_params.get("generation") or {}, config.server,
                                     where="stage_params.generation.", feeds_reasoner=True,
-                                    multiple=multiple)
+                                    defaults=defaults, multiple=multiple)
             history_size = await asyncio.to_thread(history_bytes, messages)
             run = orchestrator.open_interleaved(UMMRequest(
                 rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
@@ -106,7 +111,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         as ``delta.segment`` chunks with ``stream: true``)."""
         req = parse_chat_request(body, known_stages=stage_names)
         check_model(req.model, served_name)
-        refs = check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        refs = check_chat_request(set_fields(body), orchestrator.policy)
         await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         model = req.model or served_name
@@ -131,7 +136,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         (or one JSON body with ``stream: false``)."""
         req = parse_generate_request(body, stage_names)
         check_model(req.model, served_name)
-        await admit_media(check_chat_request(req.chat_body, orchestrator.policy),
+        await admit_media(check_chat_request(set_fields(body), orchestrator.policy),
                           orchestrator.policy)
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
