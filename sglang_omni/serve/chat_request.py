@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sglang_omni.engines.base import OMNI_OWNED_FIELDS
+from sglang_omni.engines.base import refuse_omni_owned
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.content_parts import CLIENT_LABEL_KEY
 from sglang_omni.pipeline.chat_request import (
@@ -21,6 +21,7 @@ from sglang_omni.pipeline.chat_request import (
     OUTPUT_FIELDS,
     SAMPLING_FIELDS,
     ChatRequest,
+    check_stage_names,
 )
 from sglang_omni.serve.schemas.chat import ChatCompletionRequest
 from sglang_omni.serve.validation import validate
@@ -138,11 +139,8 @@ def chat_request_of(fields: dict[str, Any], messages: list[dict[str, Any]], *, s
     messages = with_top_level_media(messages, fields)
     stage_params = fields.get("stage_params") or {}
     stage_sampling = fields.get("stage_sampling") or {}
-    for key, table in (("stage_params", stage_params), ("stage_sampling", stage_sampling)):
-        for stage in table:
-            if stage not in known_stages:
-                raise BadRequest(f"{key}.{stage}: no such stage; this pipeline has "
-                                 f"{', '.join(known_stages)}")
+    check_stage_names("stage_params", stage_params, known_stages)
+    check_stage_names("stage_sampling", stage_sampling, known_stages)
     for stage in stage_sampling:
         if stage != reasoner_stage:
             raise BadRequest(f"stage_sampling.{stage}: only the {reasoner_stage} stage samples "
@@ -152,11 +150,9 @@ def chat_request_of(fields: dict[str, Any], messages: list[dict[str, Any]], *, s
     refuse_single_completion_fields("", fields, stream)
     native_fields = stage_params.get(reasoner_stage, {})
     refuse_single_completion_fields(f"stage_params.{reasoner_stage}.", native_fields, stream)
+    refuse_omni_owned(f"stage_params.{reasoner_stage}.", native_fields)
     for key in native_fields:
         where = f"stage_params.{reasoner_stage}.{key}"
-        if key in OMNI_OWNED_FIELDS:
-            raise BadRequest(f"{where}: Omni sets it from the request; use the top-level "
-                             "field and remove it here")
         if key in VIDEO_PROCESSING_FIELDS or key in ("audios", "images", "videos"):
             raise BadRequest(f"{where}: native SGLang reads media only from content parts; "
                              "put the media in the messages and remove it here")

@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from sglang_omni.engines.generation_options import DEFAULT_FPS
 from sglang_omni.errors import BadRequest, NotFound
 from sglang_omni.media.admission import admit_media
-from sglang_omni.media.refs import check_generation_options
+from sglang_omni.media.refs import check_generation_media
 from sglang_omni.models.cosmos3.generation_limits import check_generation_limits
 from sglang_omni.serve.body_formats import accepts
 from sglang_omni.serve.direct_context import DirectContext, single_media
@@ -74,7 +74,7 @@ def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, An
         raise BadRequest("action_mode: action-producing policy and inverse-dynamics "
                          "requests use /v1/actions/generations; /v1/videos is for videos")
     media = tuple((named.get(ref, label), ref)
-                  for label, ref in check_generation_options(options, ctx.policy))
+                  for label, ref in check_generation_media(options, ctx.policy))
     fps = options.setdefault("fps", DEFAULT_FPS)
     seconds = DEFAULT_SECONDS if fields.get("seconds") is None else fields["seconds"]
     if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_SIZE, DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.actions import DEFAULT_HORIZON
+from sglang_omni.engines.generation_options import (
+    ACTION_OPTION_DEFAULTS,
+    DEFAULT_FPS,
+    DEFAULT_SIZE,
+    DEFAULT_VIDEO_FRAMES,
+    HF_SIZE_MULTIPLE,
+)
 from sglang_omni.errors import BadRequest
 
 
@@ -41,10 +48,10 @@ ENGINE_DEFAULTS = Defaults(DEFAULT_SIZE, DEFAULT_SIZE, DEFAULT_VIDEO_FRAMES, DEF
 #: The backends whose generations get :data:`ENGINE_DEFAULTS` (any other: native's).
 ENGINE_BACKENDS = ("hf", "scripted")
 #: The native Cosmos3 action route: 832x480 at 5 fps, ``action_horizon`` 16 (17 frames).
-ACTION_DEFAULTS = Defaults(832, 480, 17, 5)
-#: Width and height multiples the generation backends need (the diffusers Cosmos3 pipeline of
-#: the ``hf`` backend: the VAE's spatial scale factor, ``engines/hf/generation.SIZE_MULTIPLE``).
-SIZE_MULTIPLE_BY_BACKEND = {"hf": 16}
+ACTION_DEFAULTS = Defaults(ACTION_OPTION_DEFAULTS["width"], ACTION_OPTION_DEFAULTS["height"],
+                           DEFAULT_HORIZON + 1, ACTION_OPTION_DEFAULTS["fps"])
+#: Width and height multiples the generation backends need.
+SIZE_MULTIPLE_BY_BACKEND = {"hf": HF_SIZE_MULTIPLE}
 #: The highest frame rate a generated video may ask for (the MP4 encoder takes a rate up to
 #: 2**31; players and the models' training, far less).
 MAX_FPS = 240
