@@ -135,7 +135,7 @@ def check_progress_needs_stream(where: str, include_progress: bool, stream: bool
 def chat_request_of(fields: dict[str, Any], messages: list[dict[str, Any]], *, stream: bool,
                     reasoner_stage: str, known_stages: tuple[str, ...]) -> ChatRequest:
     """The rules between a validated body's ``fields`` (as :func:`set_fields` gives them) that
-    both chat bodies share, and the ChatRequest they make; ``messages`` are checked."""
+    both chat bodies share, and the ChatRequest they make; ``messages`` are already checked."""
     messages = with_top_level_media(messages, fields)
     stage_params = fields.get("stage_params") or {}
     stage_sampling = fields.get("stage_sampling") or {}
