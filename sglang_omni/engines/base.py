@@ -20,12 +20,13 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.errors import BadRequest
 
 FRAME_SCHEME = "omni-frame://"
 #: The spans an engine may report for a job (``Job.timed``): the Reasoner's media preparation,
@@ -38,6 +39,16 @@ EARLY_RESULT = "early_result"
 CHUNK_FRAMES = "frames"
 #: Native chat request fields Omni sets from the request itself; refused under stage_params.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
+
+
+def refuse_omni_owned(where: str, names: Iterable[str]) -> None:
+    """BadRequest for the first of ``names`` (fields under ``where``, e.g.
+    ``stage_params.reasoner.``) that Omni sets itself: the one refusal of
+    :data:`OMNI_OWNED_FIELDS`, at the wire and in the engines."""
+    for name in names:
+        if name in OMNI_OWNED_FIELDS:
+            raise BadRequest(f"{where}{name}: set by Omni from the request; use the top-level "
+                             "field and remove it here")
 
 
 @dataclass

@@ -42,6 +42,19 @@ DEFAULT_FPS = 24
 #: (native SGLang has its own: ``models.cosmos3.generation_limits.NATIVE_DEFAULTS``).
 DEFAULT_SIZE = 640
 DEFAULT_SEED = 0
+#: The hf engines' denoising steps where a request (and the engine's ``defaults``) leave them
+#: unset: native Cosmos3's 35, for images, videos and actions alike.
+DEFAULT_STEPS = 35
+#: Width and height multiple of the hf backend (the diffusers Cosmos3 pipeline's VAE spatial
+#: scale factor): the engine refuses others, the limit check refuses them before any work.
+HF_SIZE_MULTIPLE = 16
+#: Native's action defaults (``build_cosmos3_action_sampling_params``; the realtime video
+#: route's seed, guidance and size too; the horizon is ``actions.DEFAULT_HORIZON``): the one
+#: home, read by the hf action engine, the limit check, the action metadata and the realtime
+#: route.
+ACTION_OPTION_DEFAULTS: dict[str, Any] = {
+    "num_inference_steps": DEFAULT_STEPS, "guidance_scale": 1.0, "seed": 42, "width": 832,
+    "height": 480, "fps": 5}
 
 
 def check_option_value(where: str, key: str, value: Any) -> None:

@@ -38,6 +38,12 @@ class ReasonerPayload(TypedDict, total=False):
     message_offset: int
 
 
+def reasoner_fields(payload: ReasonerPayload) -> dict[str, Any]:
+    """A turn's sampling and native fields merged as the precedence rule says
+    (``pipeline.chat_request.sampling_layers``): ``stage_params`` win over ``sampling``."""
+    return {**(payload.get("sampling") or {}), **(payload.get("stage_params") or {})}
+
+
 class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int

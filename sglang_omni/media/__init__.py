@@ -21,7 +21,7 @@ from sglang_omni.media.policy import (
 )
 from sglang_omni.media.refs import (
     check_chat_request,
-    check_generation_options,
+    check_generation_media,
     check_media_refs,
     iter_chat_media_refs,
     iter_generation_media_refs,
@@ -37,7 +37,7 @@ __all__ = [
     "RemoteMedia",
     "RequestMediaDir",
     "check_chat_request",
-    "check_generation_options",
+    "check_generation_media",
     "check_media_refs",
     "fetch_remote",
     "iter_chat_media_refs",

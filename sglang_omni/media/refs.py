@@ -139,7 +139,7 @@ def check_chat_request(body: Mapping, policy: MediaPolicy) -> list[tuple[str, st
     return check_media_refs([*refs, *_stage_generation_refs(body)], policy)
 
 
-def check_generation_options(options: Mapping, policy: MediaPolicy, *, prefix: str = ""
+def check_generation_media(options: Mapping, policy: MediaPolicy, *, prefix: str = ""
                              ) -> list[tuple[str, str]]:
     """Refuse (400) generation options naming any media ``policy`` does not allow, or more
     media than its limits; the references checked."""

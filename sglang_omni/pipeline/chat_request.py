@@ -6,8 +6,11 @@ only reads it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from sglang_omni.errors import BadRequest
 
 #: Sampling fields. The chat route passes them to native SGLang; in an interleaved request one
 #: the client sets applies to every decision (top level < stage_sampling.reasoner <
@@ -42,3 +45,32 @@ class ChatRequest:
     stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def check_stage_names(key: str, table: Iterable[str], stages: tuple[str, ...]) -> None:
+    """BadRequest for the first stage name of ``table`` (``stage_params`` or
+    ``stage_sampling``, named ``key``) that is not one of ``stages``: the one rule for unknown
+    stage names, at the wire and in an adapter."""
+    for stage in table:
+        if stage not in stages:
+            raise BadRequest(f"{key}.{stage}: no such stage; this pipeline has "
+                             f"{', '.join(stages)}")
+
+
+def sampling_layers(sampling: Mapping[str, Any], stage_sampling: Mapping[str, Mapping[str, Any]],
+                    stage_params: Mapping[str, Mapping[str, Any]], stage: str = "reasoner"
+                    ) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    """The one home of sampling precedence: where a stage's sampling fields come from, lowest
+    first (top level < ``stage_sampling.<stage>`` < ``stage_params.<stage>``), each with the
+    path its fields are named by. A Reasoner payload carries the first two merged as
+    ``sampling`` and the last as ``stage_params`` (``engines.payloads.reasoner_fields``)."""
+    return (("", sampling), (f"stage_sampling.{stage}.", stage_sampling.get(stage, {})),
+            (f"stage_params.{stage}.", stage_params.get(stage, {})))
+
+
+def merged_sampling(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """``layers`` (from :func:`sampling_layers`) merged, a later one winning."""
+    merged: dict[str, Any] = {}
+    for _, layer in layers:
+        merged.update(layer)
+    return merged

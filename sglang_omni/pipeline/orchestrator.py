@@ -34,7 +34,7 @@ from sglang_omni.errors import (
 from sglang_omni.media import MediaPolicy
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
-from sglang_omni.pipeline.chat_request import ChatRequest
+from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
 from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
@@ -339,8 +339,9 @@ class Orchestrator:
         self.check_healthy()
         payload: ReasonerPayload = {
             "messages": req.messages,
-            # stage_sampling.reasoner outranks the top-level sampling fields
-            "sampling": {**req.sampling, **req.stage_sampling.get("reasoner", {})},
+            # top level < stage_sampling.reasoner here; stage_params.reasoner wins in the engine
+            "sampling": merged_sampling(sampling_layers(
+                req.sampling, req.stage_sampling, req.stage_params)[:2]),
             "stage_params": req.stage_params.get("reasoner", {}),
             "response_format": req.response_format,
             "stream": req.stream,

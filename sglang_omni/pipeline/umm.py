@@ -52,6 +52,8 @@ class UMMRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     stage_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The client's top-level ``response_format`` (None: unset); the adapter judges it.
+    response_format: dict[str, Any] | None = None
     media_policy: Any = None
     #: ``history_bytes(messages)`` when the caller measured it already (off the event loop).
     history_size: int | None = None

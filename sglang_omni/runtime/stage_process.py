@@ -46,6 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from sglang_omni.config.schema import PROCESS_FACTORY
 from sglang_omni.engines.base import EngineSpec, Job, build_engine
 from sglang_omni.engines.memory_faults import (
     device_memory,
@@ -169,7 +170,8 @@ class _StageServer:
         # Installed after start: a native engine may install its own handlers while starting.
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
-        stall_s = float(self.spec.factory.get("stall_timeout_s", 3.0) or 3.0)
+        stall_s = float(self.spec.factory.get("stall_timeout_s")
+                        or PROCESS_FACTORY["stall_timeout_s"].default)
         silence_s = max(MIN_SERVER_SILENCE_S, SERVER_SILENCE_FACTOR * stall_s)
         threading.Thread(target=self._watch_server, args=(silence_s,), daemon=True,
                          name="server-watch").start()

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_omni.config.schema import PROCESS_FACTORY
 from sglang_omni.runtime.stage_handle import StageHandle, StageStartupError
 from sglang_omni.runtime.task_errors import log_failure
 
@@ -65,15 +66,21 @@ def default_progress_timeout_s(backend: str, role: str, factory: dict[str, Any])
     return NATIVE_SILENT_GENERATION_TIMEOUT_S
 
 
+def _default(name: str) -> Any:
+    """A supervision option's default: the stage factory schema's (its one home)."""
+    return PROCESS_FACTORY[name].default
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
-    """The supervision options of a stage (its process factory options)."""
+    """The supervision options of a stage (its process factory options); the defaults are
+    the factory schema's (``config.schema.PROCESS_FACTORY``)."""
 
-    max_restarts: int = 3
-    restart_window_s: float = 600.0
-    restart_backoff_s: float = 1.0
-    heartbeat_interval_s: float = 1.0
-    stall_timeout_s: float = 3.0
+    max_restarts: int = _default("max_restarts")
+    restart_window_s: float = _default("restart_window_s")
+    restart_backoff_s: float = _default("restart_backoff_s")
+    heartbeat_interval_s: float = _default("heartbeat_interval_s")
+    stall_timeout_s: float = _default("stall_timeout_s")
     progress_timeout_s: float = PROGRESS_TIMEOUT_S
 
     @classmethod

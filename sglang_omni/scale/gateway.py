@@ -93,8 +93,7 @@ from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
 from sglang_omni.serve.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.http_errors import GENERIC_500, error_response
 from sglang_omni.serve.responses import json_response
-from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event
-from sglang_omni.serve.umm_wire import error_event
+from sglang_omni.serve.sse import ERROR_DATA, ERROR_EVENT, failed_end
 from sglang_omni.serve.video_listing import list_page, list_query
 
 log = logging.getLogger("sglang_omni.scale")
@@ -166,11 +165,8 @@ class _Refused:
 
 def stream_failure(path: str, exc: OmniError) -> bytes:
     """The end of a stream that failed after it started, framed as the route frames errors."""
-    if path.rstrip("/") == "/generate":
-        event = sse_event("error", error_event(exc))
-    else:
-        event = sse_data(exc.to_body())
-    return (event + SSE_DONE).encode()
+    framing = ERROR_EVENT if path.rstrip("/") == "/generate" else ERROR_DATA
+    return failed_end(exc, framing).encode()
 
 
 def is_fleet_listing(scope: Scope) -> bool:

@@ -7,7 +7,6 @@ parsers apply them to native fields under ``stage_params`` too.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from sglang_omni.errors import BadRequest
@@ -22,11 +21,10 @@ ROLES = ("system", "user", "assistant", "developer")
 PART_TYPES = ("text", *CHAT_MEDIA_PART_KEYS)
 
 
-def check_messages(messages: Any) -> list[dict[str, Any]]:
-    """A deep copy of a valid ``messages`` list; BadRequest at the first invalid message."""
+def check_messages(messages: Any) -> None:
+    """BadRequest at the first invalid message of ``messages``."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: expected a non-empty list of chat messages")
-    out = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -43,8 +41,6 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
                 check_part(part)
         elif not isinstance(content, str):
             raise BadRequest(f"{where}.content: expected a string or a list of content parts")
-        out.append(copy.deepcopy(message))
-    return out
 
 
 def check_part(part: ContentPart) -> None:

@@ -9,10 +9,11 @@ booleans. All refusals are 400.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from sglang_omni.engines.base import OMNI_OWNED_FIELDS
+from pydantic import BaseModel
+
+from sglang_omni.engines.base import refuse_omni_owned
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.content_parts import CLIENT_LABEL_KEY
 from sglang_omni.pipeline.chat_request import (
@@ -20,6 +21,7 @@ from sglang_omni.pipeline.chat_request import (
     OUTPUT_FIELDS,
     SAMPLING_FIELDS,
     ChatRequest,
+    check_stage_names,
 )
 from sglang_omni.serve.schemas.chat import ChatCompletionRequest
 from sglang_omni.serve.validation import validate
@@ -59,12 +61,43 @@ def _media_part(kind: str, ref: Any, label: str) -> dict[str, Any]:
     return {"type": key, key: {"url": url}, CLIENT_LABEL_KEY: label}
 
 
+def set_fields(body: BaseModel) -> dict[str, Any]:
+    """The fields the client set, in the order of ``model_dump(exclude_unset=True)`` (declared
+    fields, then unknown ones), holding the values as sent: no copy, no second validation."""
+    present = body.model_fields_set
+    fields = {key: getattr(body, key) for key in type(body).model_fields if key in present}
+    fields.update(body.model_extra or {})
+    return fields
+
+
+def with_top_level_media(messages: list[dict[str, Any]], fields: dict[str, Any]
+                         ) -> list[dict[str, Any]]:
+    """``messages`` with the top-level ``images``/``videos`` added to the last user message;
+    the client's list and messages are left as sent (only what changes is copied)."""
+    for kind in ("image", "video"):
+        items = fields.get(f"{kind}s")
+        if items is None:
+            continue
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if not users:
+            raise BadRequest(f"{kind}s: there is no user message to add the {kind}s to")
+        last = dict(messages[users[-1]])
+        content = last["content"]
+        last["content"] = [{"type": "text", "text": content}] if isinstance(content, str) \
+            else list(content)
+        last["content"].extend(_media_part(kind, ref, f"{kind}s[{k}]")
+                               for k, ref in enumerate(items))
+        messages = [*messages[:users[-1]], last, *messages[users[-1] + 1:]]
+    return messages
+
+
 def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
                        known_stages: tuple[str, ...] = ("reasoner",)) -> ChatRequest:
-    """Check ``body`` (a ``ChatCompletionRequest`` or the parsed JSON of one) and build a
-    ChatRequest; raises BadRequest naming the field and fix. Field types are the model's
-    rules; this function adds the rules between fields and the refusals."""
-    fields = validate(ChatCompletionRequest, body).model_dump(exclude_unset=True)
+    """Check ``body`` (a ``ChatCompletionRequest``, as the route validated it, or the parsed
+    JSON of one) and build a ChatRequest; raises BadRequest naming the field and fix. Field
+    types are the model's rules; this function adds the rules between fields and the
+    refusals."""
+    fields = set_fields(validate(ChatCompletionRequest, body))
     for key in ("audios",):
         if key in fields:
             raise BadRequest("audios: top-level audio lists are not read by native SGLang; put "
@@ -78,26 +111,36 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
         raise BadRequest(f"{unknown[0]}: not a field of this route; put other native chat "
                          f"fields under stage_params.{reasoner_stage}")
     stream = bool(fields.get("stream"))
-    messages = copy.deepcopy(fields["messages"])
-    for kind in ("image", "video"):
-        items = fields.get(f"{kind}s")
-        if items is None:
-            continue
-        users = [m for m in messages if m["role"] == "user"]
-        if not users:
-            raise BadRequest(f"{kind}s: there is no user message to add the {kind}s to")
-        last = users[-1]
-        if isinstance(last["content"], str):
-            last["content"] = [{"type": "text", "text": last["content"]}]
-        last["content"].extend(_media_part(kind, ref, f"{kind}s[{k}]")
-                               for k, ref in enumerate(items))
-    stage_params = copy.deepcopy(fields.get("stage_params") or {})
-    stage_sampling = copy.deepcopy(fields.get("stage_sampling") or {})
-    for key, table in (("stage_params", stage_params), ("stage_sampling", stage_sampling)):
-        for stage in table:
-            if stage not in known_stages:
-                raise BadRequest(f"{key}.{stage}: no such stage; this pipeline has "
-                                 f"{', '.join(known_stages)}")
+    options = fields.get("stream_options") or {}
+    include_progress = options.get("include_progress", False)
+    req = chat_request_of(fields, fields["messages"], stream=stream,
+                          reasoner_stage=reasoner_stage, known_stages=known_stages)
+    if not isinstance(include_progress, bool):
+        raise BadRequest(f"stream_options.include_progress: expected true or false, got "
+                         f"{include_progress!r}")
+    check_progress_needs_stream("stream_options.include_progress", include_progress, stream)
+    req.include_usage = bool(options.get("include_usage"))
+    req.include_progress = include_progress
+    return req
+
+
+def check_progress_needs_stream(where: str, include_progress: bool, stream: bool) -> None:
+    """Progress is sent on a stream only (``include_progress`` of ``/generate`` and
+    ``stream_options.include_progress`` of the chat route)."""
+    if include_progress and not stream:
+        raise BadRequest(f"{where}: progress is sent on a stream only; set stream to true or "
+                         "leave include_progress unset")
+
+
+def chat_request_of(fields: dict[str, Any], messages: list[dict[str, Any]], *, stream: bool,
+                    reasoner_stage: str, known_stages: tuple[str, ...]) -> ChatRequest:
+    """The rules between a validated body's ``fields`` (as :func:`set_fields` gives them) that
+    both chat bodies share, and the ChatRequest they make; ``messages`` are already checked."""
+    messages = with_top_level_media(messages, fields)
+    stage_params = fields.get("stage_params") or {}
+    stage_sampling = fields.get("stage_sampling") or {}
+    check_stage_names("stage_params", stage_params, known_stages)
+    check_stage_names("stage_sampling", stage_sampling, known_stages)
     for stage in stage_sampling:
         if stage != reasoner_stage:
             raise BadRequest(f"stage_sampling.{stage}: only the {reasoner_stage} stage samples "
@@ -107,28 +150,17 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
     refuse_single_completion_fields("", fields, stream)
     native_fields = stage_params.get(reasoner_stage, {})
     refuse_single_completion_fields(f"stage_params.{reasoner_stage}.", native_fields, stream)
+    refuse_omni_owned(f"stage_params.{reasoner_stage}.", native_fields)
     for key in native_fields:
         where = f"stage_params.{reasoner_stage}.{key}"
-        if key in OMNI_OWNED_FIELDS:
-            raise BadRequest(f"{where}: Omni sets it from the request; use the top-level "
-                             "field and remove it here")
         if key in VIDEO_PROCESSING_FIELDS or key in ("audios", "images", "videos"):
             raise BadRequest(f"{where}: native SGLang reads media only from content parts; "
                              "put the media in the messages and remove it here")
-    options = fields.get("stream_options") or {}
-    include_progress = options.get("include_progress", False)
-    if not isinstance(include_progress, bool):
-        raise BadRequest(f"stream_options.include_progress: expected true or false, got "
-                         f"{include_progress!r}")
-    if include_progress and not stream:
-        raise BadRequest("stream_options.include_progress: progress is sent on a stream only; "
-                         "set stream to true or leave include_progress unset")
     sampling = {k: fields[k] for k in SAMPLING_LIKE_FIELDS if k in fields}
-    extra = {k: fields[k] for k in ("logprobs", "top_logprobs", "return_logprob") if k in fields}
+    extra: dict[str, Any] = {k: fields[k] for k in ("logprobs", "top_logprobs", "return_logprob")
+                             if k in fields}
     return ChatRequest(
-        messages=messages, stream=stream, include_usage=bool(options.get("include_usage")),
-        include_progress=include_progress,
-        rid=fields.get("rid"), model=fields.get("model"), sampling=sampling,
-        stage_params=stage_params, stage_sampling=stage_sampling,
+        messages=messages, stream=stream, rid=fields.get("rid"), model=fields.get("model"),
+        sampling=sampling, stage_params=stage_params, stage_sampling=stage_sampling,
         response_format=fields.get("response_format"), extra=extra,
     )

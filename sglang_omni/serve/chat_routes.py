@@ -25,7 +25,7 @@ from sglang_omni.pipeline.chat_admission import AdmissionTicket
 from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.request_ids import RequestIds
-from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.chat_request import parse_chat_request, set_fields
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
 from sglang_omni.serve.mode_routes import ModeRoutes, check_model, refuse_generate
@@ -33,7 +33,7 @@ from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.request_log import note_rid
 from sglang_omni.serve.schemas.chat import ChatCompletionRequest
 from sglang_omni.serve.schemas.responses import MODEL_ERRORS, ChatCompletion
-from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_response, stream_error
+from sglang_omni.serve.sse import ERROR_DATA, ends_with_done, sse_data, sse_response
 from sglang_omni.serve.typed_route import omni_router
 
 STREAM_DOC = {"text/event-stream": {"schema": {"type": "string"}}}
@@ -53,7 +53,7 @@ def chat_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
         if req.include_progress:
             raise BadRequest("stream_options.include_progress: text-only chat runs no "
                              "generations, so it has no progress to send; leave it unset")
-        refs = check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        refs = check_chat_request(set_fields(body), orchestrator.policy)
         await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         return await _text_chat(request, orchestrator, req, req.model or served_name)
@@ -152,16 +152,23 @@ async def _collect(orchestrator: Orchestrator, rid: str, req: ChatRequest) -> St
     return result
 
 
-async def _text_chat_sse(rid: str, model: str, req: ChatRequest, first: Any,
-                         stream: AsyncGenerator[Any, None], ticket: AdmissionTicket | None,
-                         ids: RequestIds | None = None) -> AsyncIterator[str]:
+def _text_chat_sse(rid: str, model: str, req: ChatRequest, first: Any,
+                   stream: AsyncGenerator[Any, None], ticket: AdmissionTicket | None,
+                   ids: RequestIds | None = None) -> AsyncIterator[str]:
+    return ends_with_done(_text_chunks(rid, model, req, first, stream, ticket, ids), ERROR_DATA,
+                          rid)
+
+
+async def _text_chunks(rid: str, model: str, req: ChatRequest, first: Any,
+                       stream: AsyncGenerator[Any, None], ticket: AdmissionTicket | None,
+                       ids: RequestIds | None) -> AsyncGenerator[str, None]:
     async def items() -> AsyncIterator[Any]:
         yield first
         async for item in stream:
             yield item
 
-    yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
     try:
+        yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
         async for item in items():
             if isinstance(item, StageResult):
                 usage = item.payload.get("usage") if req.include_usage else None
@@ -169,11 +176,8 @@ async def _text_chat_sse(rid: str, model: str, req: ChatRequest, first: Any,
                                                                            "stop"), usage))
             elif item.get("text"):
                 yield sse_data(chunk_body(rid, model, {"content": item["text"]}))
-    except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
-        yield sse_data(stream_error(exc, rid).to_body())
     finally:
         await stream.aclose()
         _release(ticket)
         if ids is not None:
             ids.finish(rid)
-    yield SSE_DONE

@@ -11,7 +11,11 @@ from starlette.requests import Request
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.engines.result import StageResult
 from sglang_omni.media.policy import MediaPolicy
-from sglang_omni.models.cosmos3.generation_limits import size_multiple
+from sglang_omni.models.cosmos3.generation_limits import (
+    Defaults,
+    generation_defaults,
+    size_multiple,
+)
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.direct_admission import DirectAdmission
@@ -57,6 +61,11 @@ class DirectContext:
     def multiple(self) -> int:
         """The width/height multiple the generation backend needs."""
         return size_multiple(self.backend)
+
+    @property
+    def defaults(self) -> Defaults:
+        """What the generation backend gives an option a request leaves out."""
+        return generation_defaults(self.backend)
 
     def stage(self) -> Any:
         """The generation stage (503 while the server is unhealthy)."""

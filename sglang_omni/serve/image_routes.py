@@ -50,7 +50,8 @@ async def generate_image(request: Request, ctx: DirectContext, fields: dict[str,
                          options: dict[str, Any]) -> Response:
     """Run one image generation and answer in the requested format."""
     response_format = check_image_format(fields)
-    check_generation_limits(options, ctx.settings, video=False, multiple=ctx.multiple)
+    check_generation_limits(options, ctx.settings, video=False, defaults=ctx.defaults,
+                            multiple=ctx.multiple)
     rid = ctx.new_rid()
     result = await ctx.call(request, rid, {"modality": "image", "prompt": fields["prompt"],
                                            "options": options})

@@ -19,11 +19,16 @@ from starlette.background import BackgroundTask
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import check_chat_request
 from sglang_omni.media.admission import admit_media
-from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
+from sglang_omni.models.cosmos3.generation_limits import (
+    check_generation_limits,
+    generation_defaults,
+    size_multiple,
+)
+from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
-from sglang_omni.serve.chat_request import parse_chat_request
+from sglang_omni.serve.chat_request import parse_chat_request, set_fields
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
 from sglang_omni.serve.fleet_queue import waited_s
 from sglang_omni.serve.generate_request import parse_generate_request
@@ -52,22 +57,23 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     config = orchestrator.config
     stage_names = tuple(orchestrator.stages.handles)
     generation = config.stages.get("generation")
-    multiple = size_multiple(generation.factory.get("backend") if generation else None)
+    backend = generation.factory.get("backend") if generation else None
+    multiple, defaults = size_multiple(backend), generation_defaults(backend)
 
-    async def open_run(request: Request, rid: str, messages: list, sampling: dict,
-                       stage_params: dict, stage_sampling: dict) -> UMMRun:
+    async def open_run(request: Request, rid: str, req: ChatRequest) -> UMMRun:
         """Check the generation limits, measure the history off the event loop, open the run
         (400/503 before any model work; the deadline counts from the request's arrival at a
         fleet gateway, when one forwarded it). The rid is claimed: refused, it is free again;
         admitted, it ends with the run."""
         try:
-            check_generation_limits(stage_params.get("generation") or {}, config.server,
+            check_generation_limits(req.stage_params.get("generation") or {}, config.server,
                                     where="stage_params.generation.", feeds_reasoner=True,
-                                    multiple=multiple)
-            history_size = await asyncio.to_thread(history_bytes, messages)
+                                    defaults=defaults, multiple=multiple)
+            history_size = await asyncio.to_thread(history_bytes, req.messages)
             run = orchestrator.open_interleaved(UMMRequest(
-                rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,
-                stage_sampling=stage_sampling, media_policy=orchestrator.policy,
+                rid=rid, messages=req.messages, sampling=req.sampling,
+                stage_params=req.stage_params, stage_sampling=req.stage_sampling,
+                response_format=req.response_format, media_policy=orchestrator.policy,
                 history_size=history_size, waited_s=waited_s(request.scope)))
             note_run(run)
             return run
@@ -106,19 +112,15 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         as ``delta.segment`` chunks with ``stream: true``)."""
         req = parse_chat_request(body, known_stages=stage_names)
         check_model(req.model, served_name)
-        refs = check_chat_request(body.model_dump(exclude_unset=True), orchestrator.policy)
+        refs = check_chat_request(set_fields(body), orchestrator.policy)
         await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         model = req.model or served_name
-        if req.response_format is not None:
-            raise BadRequest("response_format: the interleaved pipeline sets the Reasoner's "
-                             "decision format itself; remove response_format")
         if req.extra.get("logprobs") or req.extra.get("return_logprob"):
             raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
         rid = orchestrator.ids.claim(req.rid)
         note_rid(rid)
-        run = await open_run(request, rid, req.messages, req.sampling, req.stage_params,
-                             req.stage_sampling)
+        run = await open_run(request, rid, req)
         stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
             if req.stream else None
         return await respond(request, run, stream_form, lambda done: chat_json(rid, model, done),
@@ -131,13 +133,12 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         (or one JSON body with ``stream: false``)."""
         req = parse_generate_request(body, stage_names)
         check_model(req.model, served_name)
-        await admit_media(check_chat_request(req.chat_body, orchestrator.policy),
+        await admit_media(check_chat_request(set_fields(body), orchestrator.policy),
                           orchestrator.policy)
         orchestrator.check_healthy()
         rid = orchestrator.ids.claim(req.rid)
         note_rid(rid)
-        run = await open_run(request, rid, req.messages, req.sampling, req.stage_params,
-                             req.stage_sampling)
+        run = await open_run(request, rid, req)
         return await respond(request, run,
                              (lambda ev: generate_sse(ev, rid)) if req.stream else None,
                              lambda done: generate_json(rid, done), req.include_progress)

@@ -40,7 +40,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from sglang_omni.engines.generation_options import DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.generation_options import ACTION_OPTION_DEFAULTS, DEFAULT_VIDEO_FRAMES
 from sglang_omni.engines.synth_media import decode_mp4_frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.admission import admit_media
@@ -69,8 +69,8 @@ ROUTE = "/v1/realtime_video/generate"
 #: Seconds a new session waits for the one session slot before it is refused.
 SLOT_WAIT_S = 5.0
 #: Native's realtime defaults (``RealtimeVideoGenerationsRequest``) where the init leaves them.
-REALTIME_DEFAULTS = {"seed": 42, "guidance_scale": 1.0}
-REALTIME_SIZE = "832x480"
+REALTIME_DEFAULTS = {k: ACTION_OPTION_DEFAULTS[k] for k in ("seed", "guidance_scale")}
+REALTIME_SIZE = f"{ACTION_OPTION_DEFAULTS['width']}x{ACTION_OPTION_DEFAULTS['height']}"
 _MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"),
           (b"RIFF", "image/webp"))
 

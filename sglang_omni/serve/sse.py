@@ -7,9 +7,10 @@ U+2029, NEL and other separators, which would cut a raw answer holding them in t
 
 Every SSE response goes through :func:`sse_response`: while the stream has nothing to send (a
 long generation), it sends the comment :data:`SSE_KEEPALIVE` every ``server.sse_keepalive_s``
-seconds, so proxies that cut idle connections leave it open. Stream generators end with an error
-event and ``[DONE]`` whatever is raised; :func:`stream_error` turns an unexpected exception into
-the generic 500 (its traceback is logged, its text never sent).
+seconds, so proxies that cut idle connections leave it open. Every stream ends with ``[DONE]``,
+after its error whatever is raised (:func:`ends_with_done`, framed by :func:`failed_end`, the
+one home of that rule); :func:`stream_error` turns an unexpected exception into the generic
+500 (its traceback is logged, its text never sent).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.background import BackgroundTask
@@ -31,6 +32,9 @@ from sglang_omni.serve.request_log import note_failure
 log = logging.getLogger("sglang_omni.serve")
 
 SSE_DONE = "data: [DONE]\n\n"
+#: How a stream frames its error: ``event: error`` holding the error object (``/generate``), or
+#: a data line holding the error body (the OpenAI chat routes).
+ERROR_EVENT, ERROR_DATA = "event", "data"
 SSE_KEEPALIVE = ": keep-alive\n\n"
 #: Headers of every SSE response: no caching, no proxy buffering (nginx honours the latter).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -54,6 +58,33 @@ def stream_error(exc: Exception, rid: str | None = None) -> OmniError:
     log.error("stream of request %s failed unexpectedly", rid or "?", exc_info=exc)
     note_failure(ServerError.status)
     return ServerError(GENERIC_500)
+
+
+def error_frame(exc: OmniError, framing: str) -> str:
+    """``exc`` framed as :data:`ERROR_EVENT` or :data:`ERROR_DATA` says."""
+    if framing == ERROR_EVENT:
+        return sse_event("error", exc.to_body()["error"])
+    return sse_data(exc.to_body())
+
+
+def failed_end(exc: OmniError, framing: str) -> str:
+    """The end of a stream that failed after it started: its error, then ``[DONE]``."""
+    return error_frame(exc, framing) + SSE_DONE
+
+
+async def ends_with_done(events: AsyncGenerator[str, None], framing: str,
+                         rid: str | None = None) -> AsyncIterator[str]:
+    """``events``, then ``[DONE]``; whatever ``events`` raises is sent first as its error
+    (:func:`stream_error`, framed by ``framing``). Closing this closes ``events``."""
+    try:
+        try:
+            async for item in events:
+                yield item
+        except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
+            yield error_frame(stream_error(exc, rid), framing)
+    finally:
+        await events.aclose()
+    yield SSE_DONE
 
 
 async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:

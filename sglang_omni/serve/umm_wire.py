@@ -11,27 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
-from sglang_omni.errors import OmniError
 from sglang_omni.pipeline.progress import Progress
 from sglang_omni.pipeline.umm import TEXT, Complete, Segment
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.request_log import note_segment
-from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event, stream_error
+from sglang_omni.serve.sse import ERROR_DATA, ERROR_EVENT, ends_with_done, sse_data, sse_event
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def joined_text(segments: tuple[Segment, ...] | list[Segment]) -> str:
     return "".join(s.text or "" for s in segments if s.kind == TEXT)
-
-
-def error_event(exc: OmniError) -> dict[str, Any]:
-    """The data of ``event: error``: the error body's inner object."""
-    return exc.to_body()["error"]
 
 
 def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -83,26 +77,26 @@ async def encoded(segment: Segment, encode: Callable[[], str]) -> str:
 Events = AsyncIterator[Segment | Complete] | AsyncIterator[Segment | Complete | Progress]
 
 
-async def generate_sse(events: Events, rid: str | None = None) -> AsyncIterator[str]:
+def generate_sse(events: Events, rid: str | None = None) -> AsyncIterator[str]:
     """``event: segment`` per segment, ``event: complete`` with references, then ``[DONE]``;
     a failure (any exception) sends ``event: error`` instead of ``complete``."""
-    try:
-        async for event in events:
-            if isinstance(event, Progress):
-                yield sse_event("progress", event.wire())
-            elif isinstance(event, Segment):
-                note_segment()
-                yield await encoded(event, partial(_segment_event, event))
-            else:
-                yield sse_event("complete", {
-                    "execution_id": event.segments[0].execution_id if event.segments else None,
-                    "finish_reason": event.finish_reason,
-                    "segments": [segment_wire(s, with_data=False) for s in event.segments],
-                    "usage": event.usage,
-                })
-    except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
-        yield sse_event("error", error_event(stream_error(exc, rid)))
-    yield SSE_DONE
+    return ends_with_done(_generate_events(events), ERROR_EVENT, rid)
+
+
+async def _generate_events(events: Events) -> AsyncGenerator[str, None]:
+    async for event in events:
+        if isinstance(event, Progress):
+            yield sse_event("progress", event.wire())
+        elif isinstance(event, Segment):
+            note_segment()
+            yield await encoded(event, partial(_segment_event, event))
+        else:
+            yield sse_event("complete", {
+                "execution_id": event.segments[0].execution_id if event.segments else None,
+                "finish_reason": event.finish_reason,
+                "segments": [segment_wire(s, with_data=False) for s in event.segments],
+                "usage": event.usage,
+            })
 
 
 async def collect(events: Events) -> Complete:
@@ -126,24 +120,25 @@ def chat_json(rid: str, model: str, done: Complete) -> dict[str, Any]:
                            segments=[segment_wire(s) for s in done.segments])
 
 
-async def chat_sse(rid: str, model: str, include_usage: bool,
-                   events: Events) -> AsyncIterator[str]:
+def chat_sse(rid: str, model: str, include_usage: bool,
+             events: Events) -> AsyncIterator[str]:
     """Chat chunks: each segment as ``delta.segment`` (text also as ``delta.content``); a
     failure (any exception) sends ``{"error": ...}`` before ``[DONE]``."""
+    return ends_with_done(_chat_chunks(rid, model, include_usage, events), ERROR_DATA, rid)
+
+
+async def _chat_chunks(rid: str, model: str, include_usage: bool,
+                       events: Events) -> AsyncGenerator[str, None]:
     yield sse_data(chunk_body(rid, model, {"role": "assistant", "content": ""}))
-    try:
-        async for event in events:
-            if isinstance(event, Progress):
-                yield sse_data(chunk_body(rid, model, {"progress": event.wire()}))
-            elif isinstance(event, Segment):
-                note_segment()
-                yield await encoded(event, partial(_segment_chunk, rid, model, event))
-            else:
-                usage = chat_usage(event.usage) if include_usage else None
-                yield sse_data(chunk_body(rid, model, {}, event.finish_reason, usage))
-    except Exception as exc:  # noqa: BLE001 - every stream ends with an error and [DONE]
-        yield sse_data(stream_error(exc, rid).to_body())
-    yield SSE_DONE
+    async for event in events:
+        if isinstance(event, Progress):
+            yield sse_data(chunk_body(rid, model, {"progress": event.wire()}))
+        elif isinstance(event, Segment):
+            note_segment()
+            yield await encoded(event, partial(_segment_chunk, rid, model, event))
+        else:
+            usage = chat_usage(event.usage) if include_usage else None
+            yield sse_data(chunk_body(rid, model, {}, event.finish_reason, usage))
 
 
 def _segment_delta(segment: Segment) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from fastapi.responses import Response
 from sglang_omni.engines.generation_options import DEFAULT_FPS
 from sglang_omni.errors import BadRequest, NotFound
 from sglang_omni.media.admission import admit_media
-from sglang_omni.media.refs import check_generation_options
-from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, default_size
+from sglang_omni.media.refs import check_generation_media
+from sglang_omni.models.cosmos3.generation_limits import check_generation_limits
 from sglang_omni.serve.body_formats import accepts
 from sglang_omni.serve.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct_fields import (
@@ -74,7 +74,7 @@ def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, An
         raise BadRequest("action_mode: action-producing policy and inverse-dynamics "
                          "requests use /v1/actions/generations; /v1/videos is for videos")
     media = tuple((named.get(ref, label), ref)
-                  for label, ref in check_generation_options(options, ctx.policy))
+                  for label, ref in check_generation_media(options, ctx.policy))
     fps = options.setdefault("fps", DEFAULT_FPS)
     seconds = DEFAULT_SECONDS if fields.get("seconds") is None else fields["seconds"]
     if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0:
@@ -82,9 +82,10 @@ def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, An
     if "action_horizon" in options:  # forward dynamics: one frame per action, plus one
         options.setdefault("num_frames", options["action_horizon"] + 1)
     frames = options.setdefault("num_frames", fps * seconds)
-    check_generation_limits(options, ctx.settings, video=True, multiple=ctx.multiple)
-    width, height = default_size(ctx.backend)  # what the engine makes of a side left out
-    size = f"{options.get('width', width)}x{options.get('height', height)}"
+    check_generation_limits(options, ctx.settings, video=True, defaults=ctx.defaults,
+                            multiple=ctx.multiple)
+    defaults = ctx.defaults  # what the engine makes of a side left out
+    size = f"{options.get('width', defaults.width)}x{options.get('height', defaults.height)}"
     return VideoPlan(fields["prompt"], options, size, str(round(frames / fps)), media)
 
 

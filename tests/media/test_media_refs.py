@@ -10,7 +10,7 @@ from sglang_omni.errors import BadRequest, MediaRefused
 from sglang_omni.media import (
     MediaPolicy,
     check_chat_request,
-    check_generation_options,
+    check_generation_media,
     check_media_refs,
     iter_chat_media_refs,
     iter_generation_media_refs,
@@ -88,12 +88,12 @@ def test_generation_options() -> None:
         ("extra_body.video_path[1]", "data:;base64,YWJj"),
     ]
     with pytest.raises(MediaRefused, match="image_path: local paths are refused"):
-        check_generation_options(opts, MediaPolicy())  # no local files without the flag
-    check_generation_options({**opts, "image_path": "http://a/0.png"}, MediaPolicy())
+        check_generation_media(opts, MediaPolicy())  # no local files without the flag
+    check_generation_media({**opts, "image_path": "http://a/0.png"}, MediaPolicy())
     with pytest.raises(MediaRefused, match=r"video_path\[0\]"):
-        check_generation_options({"video_path": ["gopher://x/"]}, MediaPolicy())
+        check_generation_media({"video_path": ["gopher://x/"]}, MediaPolicy())
     with pytest.raises(BadRequest, match="image_path"):
-        check_generation_options({"image_path": 3}, MediaPolicy())
+        check_generation_media({"image_path": 3}, MediaPolicy())
 
 
 # --- request-wide limits -------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def test_media_parts_over_the_limit_refused() -> None:
     with pytest.raises(MediaRefused, match="--server.max_media_parts 0"):
         check_chat_request(image_parts(1), MediaPolicy(max_media_parts=0))
     with pytest.raises(MediaRefused, match=r"video_path\[1\].*max_media_parts"):
-        check_generation_options({"video_path": ["http://a/1.mp4"] * 2},
+        check_generation_media({"video_path": ["http://a/1.mp4"] * 2},
                                  MediaPolicy(max_media_parts=1))
     refs = [(f"input.images.{i}", "http://a/x.png") for i in range(5)]
     with pytest.raises(MediaRefused, match="input.images.4: .*max_media_parts"):

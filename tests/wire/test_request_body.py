@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from sglang_omni.errors import BadRequest
+from sglang_omni.serve.request_body import parse_json
 from tests.server import Server
 from tests.wire.kit import HELLO, HTTP, error_of, post_raw
 
@@ -172,3 +176,19 @@ def test_good_unicode_and_big_valid_integers_pass(limited: Server) -> None:
     body = '{"prompt": "hi \\ud83d\\ude00 é", "seed": 18446744073709551615}'.encode()
     resp = post_raw(f"{limited.url}/generate", body)
     assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'{"t": 1E+400}', "t: inf"),
+    (b'{"t": 1' + b"0" * 400 + b'.0}', "t: inf"),
+    (b'{"t": -9223372036854775809}', "t: integer"),
+    (b'{"t": "\\uDBFF"}', "t: the string"),
+    (b'{"t": ' + b"[" * 65 + b"]" * 65 + b"}", "nested deeper than 64"),
+])
+def test_the_wire_check_is_skipped_only_where_it_cannot_refuse(body: bytes, says: str) -> None:
+    """parse_json skips the value walk for a text that can hold nothing the stage wire refuses;
+    every kind of refusal still comes."""
+    with pytest.raises(BadRequest, match=re.escape(says)):
+        parse_json(body, 64)
+    assert parse_json(b'{"t": [1.5e10, "\\u00e9", 922337203685477580]}', 64) == \
+        {"t": [1.5e10, "\u00e9", 922337203685477580]}

@@ -45,6 +45,14 @@ def test_image_route_limits(server: Server, body: dict, says: tuple[str, ...]) -
     refused_before_work(server, "/v1/images/generations", {"prompt": "cube", **body}, *says)
 
 
+def test_a_side_left_out_counts_as_the_backends_default(server: Server) -> None:
+    """The scripted backend's 640, not native's 1280x720, fills in the side left out."""
+    for route, body in (("/v1/images/generations", {"prompt": "cube", "width": 3300}),
+                        ("/v1/videos", {"prompt": "wave", "height": 3300, "num_frames": 5})):
+        refused_before_work(server, route, body, "640x3300" if "height" in body
+                            else "3300x640", "server.max_pixels")
+
+
 @pytest.mark.parametrize(("body", "says"), [
     ({"width": 16384, "height": 16384}, ("server.max_pixels",)),
     ({"num_frames": 258}, ("num_frames", "server.max_frames")),

@@ -56,6 +56,18 @@ def test_every_503_carries_retry_after(server: Server) -> None:
         assert held.read().decode().endswith("data: [DONE]\n\n")
 
 
+def test_a_side_left_out_counts_as_the_backends_default(server: Server) -> None:
+    """The scripted backend makes 640x640 when a side is left out (never native's 1280x720):
+    3200 wide fits server.max_pixels beside a 640 height, 3300 does not."""
+    body = {"messages": [{"role": "user", "content": script(final("x"))}]}
+    for post in (post_generate, post_chat):
+        fits = post(server, {**body, "stage_params": {"generation": {"width": 3200}}})
+        assert fits.status_code == 200, fits.text
+        over = post(server, {**body, "stage_params": {"generation": {"width": 3300}}})
+        assert over.status_code == 400, over.text
+        assert "3300x640 is 2112000 pixels" in over.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(("options", "says"), [
     ({"width": 16384, "height": 16384}, ("stage_params.generation.width", "server.max_pixels",
                                          "--server.max_pixels")),

@@ -29,7 +29,10 @@ from sglang_omni.engines.actions import (
     plan_action,
 )
 from sglang_omni.engines.base import Job
-from sglang_omni.engines.generation_options import check_generation_options
+from sglang_omni.engines.generation_options import (
+    ACTION_OPTION_DEFAULTS,
+    check_generation_options,
+)
 from sglang_omni.engines.hf.common import JobCancelled, step_callback
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
 from sglang_omni.engines.payloads import ActionResult, MediaResult
@@ -39,9 +42,8 @@ from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import VideoEncoding, encode_mp4
 
 TIERS = (256, 480, 704, 720)
-#: Native's action defaults (``build_cosmos3_action_sampling_params``).
-DEFAULTS = {"num_inference_steps": 35, "guidance_scale": 1.0, "seed": 42, "height": 480,
-            "fps": 5}
+#: Native's action defaults, but the width (the frames follow the input's aspect ratio).
+DEFAULTS = {k: v for k, v in ACTION_OPTION_DEFAULTS.items() if k != "width"}
 IMAGE_KEYS = ("image", "image_path", "input_reference")
 NO_HEADS = ("this checkpoint has no action heads (transformer action_gen), so the hf backend "
             "cannot run action modes; use a Cosmos3 checkpoint with action heads or the native "

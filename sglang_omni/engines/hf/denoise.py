@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_omni.engines.generation_options import DEFAULT_STEPS
 from sglang_omni.engines.hf.common import log
 from sglang_omni.engines.memory_faults import is_out_of_memory
 
@@ -74,7 +75,7 @@ def generate(pipe: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any
     image, video = kwargs.get("image"), kwargs.get("video")
     frames, height, width = kwargs["num_frames"], kwargs["height"], kwargs["width"]
     fps = float(kwargs.get("fps", 24.0))
-    steps = int(kwargs.get("num_inference_steps", 35))
+    steps = int(kwargs.get("num_inference_steps", DEFAULT_STEPS))
     guidance = float(kwargs.get("guidance_scale", 6.0))
     with torch.no_grad():
         pipe.check_inputs(prompt, negative, image, height, width, frames, guidance, False,

@@ -33,7 +33,9 @@ from sglang_omni.engines.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
     DEFAULT_SIZE,
+    DEFAULT_STEPS,
     DEFAULT_VIDEO_FRAMES,
+    HF_SIZE_MULTIPLE,
     check_generation_options,
 )
 from sglang_omni.engines.guardrails import guardrails_state
@@ -62,7 +64,6 @@ DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}, "denoiser": "auto"}
 DENOISERS = ("auto", "fast", "stock")
 WARM_UP = (("image", {"width": 256, "height": 256, "num_inference_steps": 2}),
            ("video", {"width": 256, "height": 256, "num_frames": 9, "num_inference_steps": 2}))
-SIZE_MULTIPLE = 16
 
 
 @dataclass
@@ -174,9 +175,9 @@ class HFGenerator(ThreadedModelEngine):
         width = options.get("width", DEFAULT_SIZE)
         height = options.get("height", DEFAULT_SIZE)
         for key, value in (("width", width), ("height", height)):
-            if value % SIZE_MULTIPLE:
+            if value % HF_SIZE_MULTIPLE:
                 raise BadRequest(f"{where}.{key}: the hf backend needs a multiple of "
-                                 f"{SIZE_MULTIPLE}, got {value}")
+                                 f"{HF_SIZE_MULTIPLE}, got {value}")
         fps = options.get("fps", DEFAULT_FPS)
         frames = options.get("num_frames", DEFAULT_VIDEO_FRAMES) if modality == "video" else 1
         sound = modality == "video" and bool(options.get("generate_sound")
@@ -227,7 +228,7 @@ class HFGenerator(ThreadedModelEngine):
 
         if job.cancelled.is_set():
             raise JobCancelled()
-        steps = int(call.kwargs.get("num_inference_steps", 35))
+        steps = int(call.kwargs.get("num_inference_steps", DEFAULT_STEPS))
         report_step = step_callback(job, steps, "generation")
         denoised = [0.0]  # when the last step ended: denoise before it, VAE decode after
 

@@ -51,7 +51,7 @@ from sglang_omni.engines.hf.conversation import Conversation, MediaItem, read_co
 from sglang_omni.engines.hf.decode_loop import static_generate, supports
 from sglang_omni.engines.hf.prompt import build_prompt, prefill
 from sglang_omni.engines.hf.static_decode import StaticDecoder
-from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
+from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult, reasoner_fields
 from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.settings import policy_from_spec
@@ -155,8 +155,7 @@ class HFReasoner(ThreadedModelEngine):
     async def run(self, job: Job) -> StageResult:
         payload = cast(ReasonerPayload, job.payload)
         schema = schema_of(payload.get("response_format"))
-        settings = self._settings(payload.get("sampling") or {},
-                                  payload.get("stage_params") or {}, schema is not None)
+        settings = self._settings(reasoner_fields(payload), schema is not None)
         options = payload.get("options") or {}
         settings["logprobs"] = bool(options.get("logprobs"))
         settings["top_logprobs"] = int(options.get("top_logprobs") or 0)
@@ -168,10 +167,9 @@ class HFReasoner(ThreadedModelEngine):
         return await self.thread.call(self._generate, job, conversation, schema, settings,
                                       release=lambda: self.end_request(job.rid))
 
-    def _settings(self, sampling: dict[str, Any], native: dict[str, Any],
-                  structured: bool) -> dict[str, Any]:
-        """transformers ``generate`` arguments from the request's sampling fields."""
-        merged = {**sampling, **native}
+    def _settings(self, merged: dict[str, Any], structured: bool) -> dict[str, Any]:
+        """transformers ``generate`` arguments from the turn's merged sampling and native
+        fields (``payloads.reasoner_fields``)."""
         out: dict[str, Any] = {"seed": None, "stop": None}
         limit = self.options["max_structured_tokens" if structured else "max_new_tokens"]
         for key, value in merged.items():

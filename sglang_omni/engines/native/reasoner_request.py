@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_omni.engines.base import FRAME_SCHEME, OMNI_OWNED_FIELDS
+from sglang_omni.engines.base import FRAME_SCHEME, refuse_omni_owned
 from sglang_omni.engines.payloads import (
     REASONER_OPTION_FIELDS,
     ReasonerPayload,
     ReasonerResult,
     Usage,
+    reasoner_fields,
 )
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
@@ -105,16 +106,14 @@ def chat_request_fields(payload: ReasonerPayload, messages: list[dict[str, Any]]
     or one Omni sets itself, is refused with 400 naming it.
     """
     stage_params = dict(payload.get("stage_params") or {})
+    refuse_omni_owned(f"stage_params.{stage}.", stage_params)
     for name in stage_params:
-        if name in OMNI_OWNED_FIELDS:
-            raise BadRequest(f"stage_params.{stage}.{name}: set by Omni from the request; "
-                             "remove it")
         if name not in known_fields:
             raise BadRequest(f"stage_params.{stage}.{name}: not a native chat request field "
                              "of the pinned SGLang release")
     options = {k: v for k, v in (payload.get("options") or {}).items()
                if k in REASONER_OPTION_FIELDS}
-    fields: dict[str, Any] = {**dict(payload.get("sampling") or {}), **options, **stage_params}
+    fields: dict[str, Any] = {**options, **reasoner_fields(payload)}
     if payload.get("response_format") is not None:
         fields["response_format"] = payload["response_format"]
     stream = bool(payload.get("stream"))

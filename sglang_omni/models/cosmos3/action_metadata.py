@@ -16,13 +16,13 @@ from typing import Any
 from sglang_omni.engines.actions import ACTION_MODES
 from sglang_omni.engines.actions import DEFAULT_HORIZON as ACTION_HORIZON
 from sglang_omni.engines.actions import MODEL_ACTION_DIM as PADDED_ACTION_DIM
+from sglang_omni.engines.generation_options import ACTION_OPTION_DEFAULTS
 from sglang_omni.engines.native.parallelism import PARALLEL_ARGS
 from sglang_omni.models.cosmos3.generation_limits import ACTION_DEFAULTS
 
 #: Native ``Cosmos3SamplingParams.supported_resolutions`` (width, height), in its order.
 SUPPORTED_RESOLUTIONS = ((1280, 720), (720, 1280), (832, 480), (480, 832), (1024, 1024),
                          (640, 640))
-NATIVE_STEPS = 35
 
 
 def has_action_heads(model_path: str | None) -> bool:
@@ -57,8 +57,9 @@ def action_metadata(model: str, model_path: str | None, backend: str,
                    "dtype": "float32"},
         "runtime": {"parallelism": parallel},
         "defaults": {"action_mode": "policy", "action_horizon": ACTION_HORIZON,
-                     "num_inference_steps": NATIVE_STEPS, "height": ACTION_DEFAULTS.height,
-                     "width": ACTION_DEFAULTS.width, "fps": ACTION_DEFAULTS.fps},
+                     "num_inference_steps": ACTION_OPTION_DEFAULTS["num_inference_steps"],
+                     "height": ACTION_DEFAULTS.height, "width": ACTION_DEFAULTS.width,
+                     "fps": ACTION_DEFAULTS.fps},
         "capabilities": {"action_modes": modes, "realtime_websocket": bool(modes),
                          "openpi_websocket": False, "batch_inputs": False, "max_batch_size": 1,
                          "batched_action_modes": ["policy"] if modes else []},

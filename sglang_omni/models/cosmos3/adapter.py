@@ -22,6 +22,8 @@ from sglang_omni.pipeline.chat_request import (
     LENGTH_STOP_FIELDS,
     NATIVE_LENGTH_STOP_FIELDS,
     SAMPLING_FIELDS,
+    check_stage_names,
+    sampling_layers,
 )
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.umm import (
@@ -41,25 +43,30 @@ REFUSED_REASONER_PARAMS = ("response_format", "json_schema", "regex", "ebnf", "t
                            "tool_choice", "messages", "stream", "n", "logprobs", "top_logprobs")
 
 
+def set_per_decision(field: str) -> BadRequest:
+    """The refusal of a field the interleaved pipeline sets itself for each decision (the
+    decision format, tools, ...): the one home of that rule, at the top level and in the
+    sampling layers."""
+    return BadRequest(f"{field}: the interleaved pipeline sets this itself for each decision "
+                      "(the Reasoner's decision format); remove it")
+
+
 def decision_sampling(request: UMMRequest) -> tuple[dict[str, Any], dict[str, Any]]:
     """(sampling, other native fields) for every decision: greedy unless the client set a
     sampling field (top level < stage_sampling.reasoner < stage_params.reasoner); length and
     stop settings never apply."""
     sampling: dict[str, Any] = {"temperature": 0.0}
     extra: dict[str, Any] = {}
-    layers = (request.sampling, request.stage_sampling.get("reasoner", {}),
-              request.stage_params.get("reasoner", {}))
-    for where, layer in zip(("", "stage_sampling.reasoner.", "stage_params.reasoner."), layers,
-                            strict=True):
+    layers = sampling_layers(request.sampling, request.stage_sampling, request.stage_params)
+    for rank, (where, layer) in enumerate(layers):
         for key, value in layer.items():
             if key in LENGTH_STOP_KEYS:
                 continue
             if key in REFUSED_REASONER_PARAMS:
-                raise BadRequest(f"{where}{key}: the interleaved pipeline sets this itself for "
-                                 "each decision; remove it")
+                raise set_per_decision(f"{where}{key}")
             if key in SAMPLING_FIELDS:
                 sampling[key] = value
-            elif where == "stage_params.reasoner.":
+            elif rank == len(layers) - 1:  # native fields: stage_params.reasoner
                 extra[key] = value
             else:
                 raise BadRequest(f"{where}{key}: not a sampling field; put other native fields "
@@ -101,10 +108,9 @@ class Cosmos3UMMAdapter:
     # --- contract ----------------------------------------------------------------------------
     def start(self, request: UMMRequest, budget: Budget) -> Step:
         self.request = request
-        unknown = [s for s in request.stage_params if s not in ("reasoner", "generation")]
-        if unknown:
-            raise BadRequest(f"stage_params.{unknown[0]}: no such stage; use reasoner or "
-                             "generation")
+        check_stage_names("stage_params", request.stage_params, ("reasoner", "generation"))
+        if request.response_format is not None:
+            raise set_per_decision("response_format")
         self.options = check_generation_options(request.stage_params.get("generation"))
         for key in MEDIA_OPTIONS:
             if key in self.options and request.media_policy is not None:

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import DEFAULT_FPS, DEFAULT_SIZE, DEFAULT_VIDEO_FRAMES
+from sglang_omni.engines.actions import DEFAULT_HORIZON
+from sglang_omni.engines.generation_options import (
+    ACTION_OPTION_DEFAULTS,
+    DEFAULT_FPS,
+    DEFAULT_SIZE,
+    DEFAULT_VIDEO_FRAMES,
+    HF_SIZE_MULTIPLE,
+)
 from sglang_omni.errors import BadRequest
 
 
@@ -36,11 +43,15 @@ class Defaults:
 #: Native Cosmos3 (``Cosmos3SamplingParams``): 1280x720 at 24 fps; videos of the interleaved
 #: pipeline default to 33 frames.
 NATIVE_DEFAULTS = Defaults(1280, 720, DEFAULT_VIDEO_FRAMES, DEFAULT_FPS)
+#: The hf and scripted engines: ``DEFAULT_SIZE`` square, videos as native's.
+ENGINE_DEFAULTS = Defaults(DEFAULT_SIZE, DEFAULT_SIZE, DEFAULT_VIDEO_FRAMES, DEFAULT_FPS)
+#: The backends whose generations get :data:`ENGINE_DEFAULTS` (any other: native's).
+ENGINE_BACKENDS = ("hf", "scripted")
 #: The native Cosmos3 action route: 832x480 at 5 fps, ``action_horizon`` 16 (17 frames).
-ACTION_DEFAULTS = Defaults(832, 480, 17, 5)
-#: Width and height multiples the generation backends need (the diffusers Cosmos3 pipeline of
-#: the ``hf`` backend: the VAE's spatial scale factor, ``engines/hf/generation.SIZE_MULTIPLE``).
-SIZE_MULTIPLE_BY_BACKEND = {"hf": 16}
+ACTION_DEFAULTS = Defaults(ACTION_OPTION_DEFAULTS["width"], ACTION_OPTION_DEFAULTS["height"],
+                           DEFAULT_HORIZON + 1, ACTION_OPTION_DEFAULTS["fps"])
+#: Width and height multiples the generation backends need.
+SIZE_MULTIPLE_BY_BACKEND = {"hf": HF_SIZE_MULTIPLE}
 #: The highest frame rate a generated video may ask for (the MP4 encoder takes a rate up to
 #: 2**31; players and the models' training, far less).
 MAX_FPS = 240
@@ -74,12 +85,11 @@ def _over(where: str, what: str, limit: float, setting: str, fix: str) -> BadReq
                       f"(server.{setting}); {fix} or raise the limit with --server.{setting}")
 
 
-def default_size(backend: Any) -> tuple[int, int]:
-    """The width and height a generation on ``backend`` makes when a request leaves them out:
-    the hf and scripted engines' square ``DEFAULT_SIZE``, native Cosmos3's 1280x720."""
-    if str(backend) in ("hf", "scripted"):
-        return DEFAULT_SIZE, DEFAULT_SIZE
-    return NATIVE_DEFAULTS.width, NATIVE_DEFAULTS.height
+def generation_defaults(backend: Any) -> Defaults:
+    """What a generation on ``backend`` gets for the options it leaves out (the one home of
+    the per-backend defaults): the hf and scripted engines' square ``DEFAULT_SIZE``, native
+    Cosmos3's 1280x720."""
+    return ENGINE_DEFAULTS if str(backend) in ENGINE_BACKENDS else NATIVE_DEFAULTS
 
 
 def size_multiple(backend: Any) -> int:
@@ -93,9 +103,11 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
                             feeds_reasoner: bool = False) -> None:
     """BadRequest (400) when the generation ``options`` ask for more than ``settings`` allow.
 
-    ``where`` prefixes option names in messages (``stage_params.generation.``); ``video``: the
-    options may make a video (frames, fps and seconds are checked); ``multiple``: the width and
-    height multiple the engine needs; ``feeds_reasoner``: the result goes back to the Reasoner.
+    ``where`` prefixes option names in messages (``stage_params.generation.``); ``defaults``:
+    what the engine gives an option left out (:func:`generation_defaults` of the generation
+    stage's backend, or the action route's); ``video``: the options may make a video (frames,
+    fps and seconds are checked); ``multiple``: the width and height multiple the engine needs;
+    ``feeds_reasoner``: the result goes back to the Reasoner.
     """
     if not isinstance(options, Mapping):
         return
