@@ -4,10 +4,11 @@ A generation job whose payload sets ``early_video`` (the interleaved adapter doe
 frames twice at once: the client's MP4 at the request's encoding (the job's result), and a quick
 copy (x264 at ``media.encode.READER_PRESET``, the same threads) sent as the job's early result
 the moment it is ready, so the next Reasoner turn can start while the client's MP4 is still
-being encoded. Neither waits for the other: the client's segment is ready when its own encode
-ends. Should the client's MP4 be ready first, the copy is dropped and the final result serves
-the next turn, as where the client's encoding is itself that quick or the transport takes no
-early result (then nothing is sent early and the Reasoner reads the client's MP4).
+being encoded. The client's encode does not wait for the copy's; the job's result waits for the
+copy to be sent (normally long done, the copy being the quicker encode), so the Reasoner reads
+the copy whatever the timing: the same request gives the Reasoner the same bytes. Where the
+client's encoding is itself that quick, or the transport takes no early result, no copy is made
+and the Reasoner reads the client's MP4.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def wants_reader_copy(job: Job, encoding: VideoEncoding) -> bool:
 async def encode_video(job: Job, encode: Encoder, encoding: VideoEncoding) -> bytes:
     """The client's MP4 (``encode(encoding, False)``); where the job wants one
     (``wants_reader_copy``), the Reasoner's copy encoded beside it and sent as the early result
-    as soon as it is ready, unless the client's MP4 is ready first. The ``encode`` span is the
-    wall time of both together. Cancelling it cancels both; an error in either fails it."""
+    as soon as it is ready (before this returns, whichever encode ends first). The ``encode``
+    span is the wall time of both together. Cancelling it cancels both; an error in either fails
+    it."""
     started = time.perf_counter()
     before = job.spans.get("encode", 0.0)
 
@@ -48,13 +50,11 @@ async def encode_video(job: Job, encode: Encoder, encoding: VideoEncoding) -> by
         if wants_reader_copy(job, encoding) else None
     try:
         if reader is not None:
-            await asyncio.wait({client, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if not client.done():  # the copy is ready (or failed) first
-                data = reader.result()
-                spent()
-                job.send_early(StageResult(MediaResult(
-                    media=[{"kind": "video", "mime_type": "video/mp4", "frame": 0}],
-                    reason=None), [data]))
+            data = await reader
+            spent()
+            job.send_early(StageResult(MediaResult(
+                media=[{"kind": "video", "mime_type": "video/mp4", "frame": 0}],
+                reason=None), [data]))
         return await client
     finally:
         pending = [task for task in (client, reader) if task is not None and not task.done()]

@@ -86,18 +86,37 @@ def test_image_and_video_with_sound_come_from_the_real_pipeline(engines: Any) ->
 
 
 def test_a_video_asked_early_sends_the_reasoner_copy_before_the_client_mp4(
-        engines: Any) -> None:
+        engines: Any, monkeypatch: Any) -> None:
     """``early_video``: a superfast copy of the same frames (and sound) is the job's early
-    result; the client's MP4 is the same bytes as without it."""
+    result; the client's MP4 is the same bytes as without it. (The two encodes run side by
+    side; here the client's waits for the copy to be sent, as a slower preset's does.)"""
+    import threading
+
     import av
+
+    from sglang_omni.engines.hf import generation
+    from sglang_omni.media.encode import READER_PRESET
 
     loop, _, generator = engines
     payload = {"modality": "video", "prompt": "a red cube", "options": {
         **SMALL, "num_frames": 5, "fps": 8, "seed": 4, "generate_sound": True}}
     plain, _ = run_job(loop, generator, payload)
     sent: list[tuple[dict, list]] = []
+    copy_sent = threading.Event()
+    encode_mp4 = generation.encode_mp4
+
+    def client_after_copy(*args: Any) -> bytes:
+        if args[-1].preset != READER_PRESET:
+            assert copy_sent.wait(30)
+        return encode_mp4(*args)
+
+    def emit_frames(data: dict, frames: list) -> None:
+        sent.append((data, frames))
+        copy_sent.set()
+
+    monkeypatch.setattr(generation, "encode_mp4", client_after_copy)
     job = Job("r2", {**payload, "early_video": True}, [], emit=lambda _: None,
-              emit_frames=lambda data, frames: sent.append((data, frames)))
+              emit_frames=emit_frames)
     final = loop.run(generator.run(job))
     assert final.frames == plain.frames
     ((early, (copy,)),) = sent
@@ -227,3 +246,21 @@ def test_plain_chat_honours_length_and_logprobs(engines: Any) -> None:
     with pytest.raises(BadRequest, match="not supported by the hf Reasoner"):
         run_job(loop, reasoner, {"messages": [{"role": "user", "content": "x"}],
                                  "sampling": {"regex": "a+"}})
+
+
+def test_frames_become_the_same_bytes_in_place() -> None:
+    """``to_uint8`` (in place, no full-size temporaries) gives what the reference expression
+    gives, halves and out-of-range values included."""
+    import numpy as np
+
+    from sglang_omni.engines.hf.common import to_uint8
+
+    values = np.array([-0.5, 0.0, 0.5 / 255, 1.5 / 255, 2.5 / 255, 0.5, 254.5 / 255, 1.0, 7.0],
+                      dtype=np.float32)
+    video = np.random.default_rng(0).random((3, 8, 8, 3), dtype=np.float32)
+    video[0, 0, :, 0] = np.resize(values, 8)
+    expected = (np.clip(video, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+    readonly = video.copy()
+    readonly.flags.writeable = False
+    assert np.array_equal(to_uint8(readonly), expected)
+    assert np.array_equal(to_uint8(video.copy()), expected)

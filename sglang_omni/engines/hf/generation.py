@@ -48,6 +48,7 @@ from sglang_omni.engines.hf.common import (
     engine_options,
     log,
     step_callback,
+    to_uint8,
     torch_device,
     torch_dtype,
 )
@@ -151,16 +152,17 @@ class HFGenerator(ThreadedModelEngine):
             return StageResult(MediaResult(media=[], reason=outcome))
         sample_rate = self._sample_rate() if outcome[1] is not None else None
         encoding = self.encoding.with_preset(options.get("x264_preset"))
+        with job.timed("encode"):  # the frames as bytes, once for every encode
+            pixels = await _to_thread(to_uint8, outcome[0])
         if modality == "video":
             async def encode(how: VideoEncoding, _for_reader: bool) -> bytes:
-                data, _ = await _to_thread(_encode, modality, outcome, call.fps, sample_rate, how)
-                return data
+                return await _to_thread(encode_mp4, list(pixels), call.fps, outcome[1],
+                                        sample_rate, how)
 
             data, mime = await encode_video(job, encode, encoding), "video/mp4"
         else:
             with job.timed("encode"):
-                data, mime = await _to_thread(_encode, modality, outcome, call.fps, sample_rate,
-                                              encoding)
+                data, mime = await _to_thread(encode_png, pixels[0]), "image/png"
         return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
                                        reason=None), [data])
 
@@ -311,15 +313,3 @@ def _video_frames(data: bytes, label: str) -> list[Any]:
     from PIL import Image
 
     return [Image.fromarray(f) for f in decode_video(data, label).frames]
-
-
-def _encode(modality: str, outcome: tuple[Any, Any], fps: int, sample_rate: int | None,
-            encoding: VideoEncoding) -> tuple[bytes, str]:
-    import numpy as np
-
-    video, sound = outcome
-    frames = (np.clip(np.asarray(video), 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    if modality == "image":
-        return encode_png(frames[0]), "image/png"
-    return encode_mp4(list(frames), fps, sound, sample_rate, encoding), "video/mp4"
-
