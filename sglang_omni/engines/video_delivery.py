@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from sglang_omni.engines.base import Job
-from sglang_omni.engines.payloads import MediaResult
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.job import Job
+from sglang_omni.contract.payloads import MediaResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.media.encode import READER_PRESET, VideoEncoding
 
 

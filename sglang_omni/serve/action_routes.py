@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sglang_omni.engines.actions import action_fields, plan_action
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.actions import action_fields, plan_action
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import ServerError
 from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.admission import admit_media

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sglang_omni.engines.base import OMNI_OWNED_FIELDS
+from sglang_omni.contract.job import OMNI_OWNED_FIELDS
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.content_parts import CLIENT_LABEL_KEY
 from sglang_omni.pipeline.chat_request import (

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.media.policy import MediaPolicy
 from sglang_omni.models.cosmos3.generation_limits import size_multiple
 from sglang_omni.pipeline.media_checks import check_generated_media

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from sglang_omni.engines.generation_options import DEFAULT_FPS
+from sglang_omni.contract.generation_options import DEFAULT_FPS
 from sglang_omni.errors import BadRequest, NotFound
 from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_generation_options
