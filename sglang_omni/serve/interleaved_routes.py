@@ -16,10 +16,10 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
+from sglang_omni.contract.model import served_model
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import check_chat_request
 from sglang_omni.media.admission import admit_media
-from sglang_omni.models.cosmos3.generation_limits import check_generation_limits, size_multiple
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
@@ -52,7 +52,8 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     config = orchestrator.config
     stage_names = tuple(orchestrator.stages.handles)
     generation = config.stages.get("generation")
-    multiple = size_multiple(generation.factory.get("backend") if generation else None)
+    model = served_model(config)
+    multiple = model.size_multiple(generation.factory.get("backend") if generation else None)
 
     async def open_run(request: Request, rid: str, messages: list, sampling: dict,
                        stage_params: dict, stage_sampling: dict) -> UMMRun:
@@ -61,9 +62,9 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         fleet gateway, when one forwarded it). The rid is claimed: refused, it is free again;
         admitted, it ends with the run."""
         try:
-            check_generation_limits(stage_params.get("generation") or {}, config.server,
-                                    where="stage_params.generation.", feeds_reasoner=True,
-                                    multiple=multiple)
+            model.check_generation_limits(stage_params.get("generation") or {},
+                                          config.server, where="stage_params.generation.",
+                                          feeds_reasoner=True, multiple=multiple)
             history_size = await asyncio.to_thread(history_bytes, messages)
             run = orchestrator.open_interleaved(UMMRequest(
                 rid=rid, messages=messages, sampling=sampling, stage_params=stage_params,

@@ -208,12 +208,18 @@ def test_scanner_sees_nested_and_relative_imports(tmp_path: Path) -> None:
 
 
 def test_import_string_tables_name_real_classes() -> None:
-    """The late-bound tables (pipelines, engines) name modules that define those classes."""
-    from sglang_omni.config.schema import PIPELINES, pipeline_class
+    """The late-bound tables (the built-in models' pipelines, engines) name real classes; the
+    built-in pipelines register themselves, each with the model it serves."""
+    from sglang_omni.config.schema import pipeline_class, registered_pipelines
+    from sglang_omni.contract.model import ServedModel
     from sglang_omni.engines.base import ENGINES
 
-    for name in PIPELINES:
+    builtin = {"Cosmos3UMMPipelineConfig", "Cosmos3PipelineConfig",
+               "Cosmos3ReasonerPipelineConfig"}
+    assert builtin <= set(registered_pipelines())
+    for name in builtin:
         assert pipeline_class(name).__name__ == name
+        assert isinstance(pipeline_class(name).model, ServedModel)
     for target in ENGINES.values():
         module, _, cls = target.partition(":")
         path = PACKAGE_ROOT.parent / module.replace(".", "/")

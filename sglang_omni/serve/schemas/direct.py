@@ -3,10 +3,10 @@
 Generation options are the native image and video routes' (the table in
 :mod:`sglang_omni.contract.generation_options`, checked by its ``check_option_value``); they may
 also come inside ``extra_params``/``extra_body`` (an object or its JSON text), as native
-accepts. The action route's body is the native action route's; its rules live in
-:mod:`sglang_omni.models.cosmos3.action_request` and run in the route. The image edit route
-and the video and action routes also read forms (``serve.body_formats``): an upload arrives
-here as a ``data:`` URL in its field.
+accepts. The action route's body is the native action route's; its rules are the served
+model's (``contract.model.ServedModel.check_action_request``) and run in the route. The image
+edit route and the video and action routes also read forms (``serve.body_formats``): an upload
+arrives here as a ``data:`` URL in its field.
 """
 
 from __future__ import annotations
