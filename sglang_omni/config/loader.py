@@ -21,6 +21,7 @@ from sglang_omni.config.schema import (
     StageConfig,
     StageSpec,
     pipeline_class,
+    text_only_pipeline,
 )
 from sglang_omni.config.server import API_KEY_ENV, resolve_server_settings
 from sglang_omni.errors import ConfigError
@@ -28,7 +29,6 @@ from sglang_omni.errors import ConfigError
 TOP_LEVEL_KEYS = ("config_cls", "model_path", "stages", "allowed_local_media_path",
                   "allowed_media_domain", "server", "model_packages")
 STAGE_KEYS = ("gpu", "gpu_memory_fraction", "factory", "engine")
-TEXT_ONLY_CLS = "Cosmos3ReasonerPipelineConfig"
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -226,10 +226,11 @@ def load_config(
         if key not in TOP_LEVEL_KEYS:
             raise ConfigError(f"{key}: unknown top-level key; use {', '.join(TOP_LEVEL_KEYS)}")
     if text_only:
-        if config_file and raw.get("config_cls") not in (None, TEXT_ONLY_CLS):
-            raise ConfigError(f"--text-only selects {TEXT_ONLY_CLS}; the file asks for "
+        text_only_cls = text_only_pipeline(_model_packages(raw.get("model_packages")))
+        if config_file and raw.get("config_cls") not in (None, text_only_cls):
+            raise ConfigError(f"--text-only selects {text_only_cls}; the file asks for "
                               f"{raw.get('config_cls')}: drop one of them")
-        raw["config_cls"] = TEXT_ONLY_CLS
+        raw["config_cls"] = text_only_cls
     if model_path is not None:
         raw["model_path"] = model_path
     for dotted, value in (overrides or {}).items():

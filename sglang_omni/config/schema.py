@@ -163,6 +163,8 @@ class PipelineConfig:
     #: defaults and action handling), which the HTTP layer asks instead of importing the model
     #: package; None: the generic defaults.
     model: ClassVar[Any] = None
+    #: The pipeline ``--text-only`` selects (the first registered one that says so).
+    text_only: ClassVar[bool] = False
 
     @classmethod
     def spec(cls, name: str) -> StageSpec | None:
@@ -221,6 +223,16 @@ def pipeline_class(name: str,
             f"config_cls: unknown pipeline config class {name!r}; use one of: {known}"
         )
     return _REGISTRY[name]
+
+
+def text_only_pipeline(packages: tuple[str, ...] | list[str] = ()) -> str:
+    """The ``config_cls`` that ``--text-only`` selects: the first registered pipeline with
+    ``text_only`` set (the built-in models register first); ConfigError when none has it."""
+    load_model_packages(packages)
+    for name, cls in _REGISTRY.items():
+        if cls.text_only:
+            return name
+    raise ConfigError("--text-only: no registered pipeline serves text-only chat")
 
 
 def registered_pipelines() -> list[str]:

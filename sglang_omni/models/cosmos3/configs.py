@@ -56,3 +56,4 @@ class Cosmos3ReasonerPipelineConfig(PipelineConfig):
     mode = "chat"
     stage_specs = (reasoner_stage(0),)
     model = COSMOS3
+    text_only = True
