@@ -98,3 +98,13 @@ def test_direct_image_over_the_toy_limits_is_refused(toy_direct: Server, size: s
                      json={"prompt": "a toy", "size": size})
     assert resp.status_code == 400, resp.text
     assert expected in error_message(resp)
+
+
+def test_the_action_route_asks_the_toy_model(toy_direct: Server) -> None:
+    """The toy model answers no actions: its own refusal, and its metadata lists no mode."""
+    resp = HTTP.post(f"{toy_direct.url}/v1/actions/generations",
+                     json={"prompt": "pick", "domain_name": "toy"})
+    assert resp.status_code == 400, resp.text
+    assert "the Toy model answers no action requests" in error_message(resp)
+    meta = HTTP.get(f"{toy_direct.url}/v1/actions/metadata").json()
+    assert meta["capabilities"]["action_modes"] == []
