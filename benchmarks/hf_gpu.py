@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.hf import HFGenerator, HFReasoner  # noqa: E402
 from sglang_omni.engines.hf.common import JobCancelled  # noqa: E402
 from sglang_omni.models.cosmos3 import decision  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_omni.config import load_config, parse_overrides
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.media import MediaPolicy
 from sglang_omni.models.cosmos3 import Cosmos3UMMAdapter
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia

@@ -50,6 +50,10 @@ TOP_LEVEL_HELP = {
     "allowed_media_domain": "hosts remote media may come from (`--allowed-media-domain`, "
                             "repeatable); unset, any public address",
     "server": "server-wide settings (below), or `--server.<key> VALUE`",
+    "model_packages": "importable modules (a list, or one name) of model packages outside Omni, "
+                      "imported once before `config_cls` is resolved: each registers its "
+                      "pipeline config classes (see [Model packages](#model-packages)); the "
+                      "built-in Cosmos3 pipelines need none",
 }
 STAGE_HELP = {
     "gpu": "a visible GPU index, or `null` for the CPU (scripted and hf backends)",
@@ -143,7 +147,18 @@ def configuration() -> str:
     out += [f"| `{key}` | {TOP_LEVEL_HELP[key]} |" for key in TOP_LEVEL_KEYS]
     out += ["", "Each stage has:", "", "| key | what |", "|---|---|"]
     out += [f"| `{key}` | {STAGE_HELP[key]} |" for key in STAGE_KEYS]
-    out += ["", "## Pipelines and their stages\n"]
+    out += ["", "## Model packages\n",
+            "A pipeline config class belongs to a model package, which registers it when "
+            "imported (`@register_pipeline` from `sglang_omni.config.schema`) and names the "
+            "model it serves (`model = ...`, a `sglang_omni.contract.model.ServedModel`: the "
+            "model's generation defaults and limits and its action route, which the HTTP layer "
+            "applies). Config loading imports the built-in models (`sglang_omni.models`) and "
+            "then each module of `model_packages`, once, and resolves `config_cls` among the "
+            "classes they registered. For example `tests/toy_model/toy-umm-scripted.yaml` "
+            "serves the toy model of `tests/toy_model` (its own adapter, prompts and limits) "
+            "through the same routes:", "", "```yaml", "model_packages: [tests.toy_model]",
+            "config_cls: ToyUMMPipelineConfig", "```", ""]
+    out += ["## Pipelines and their stages\n"]
     for name in PIPELINES:
         cls = pipeline_class(name)
         doc = " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())

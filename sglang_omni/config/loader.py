@@ -21,14 +21,14 @@ from sglang_omni.config.schema import (
     StageConfig,
     StageSpec,
     pipeline_class,
+    text_only_pipeline,
 )
 from sglang_omni.config.server import API_KEY_ENV, resolve_server_settings
 from sglang_omni.errors import ConfigError
 
 TOP_LEVEL_KEYS = ("config_cls", "model_path", "stages", "allowed_local_media_path",
-                  "allowed_media_domain", "server")
+                  "allowed_media_domain", "server", "model_packages")
 STAGE_KEYS = ("gpu", "gpu_memory_fraction", "factory", "engine")
-TEXT_ONLY_CLS = "Cosmos3ReasonerPipelineConfig"
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -195,6 +195,17 @@ def _check_placement(prefix: str, stage: StageConfig, visible: int) -> None:
         )
 
 
+def _model_packages(value: Any) -> tuple[str, ...]:
+    """``model_packages``: module names (a list, or one name) whose import registers model
+    packages outside Omni (their pipeline config classes, selectable as ``config_cls``)."""
+    if value is None:
+        return ()
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"model_packages: expected a list of module names, got {value!r}")
+    return tuple(names)
+
+
 def load_config(
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -215,10 +226,11 @@ def load_config(
         if key not in TOP_LEVEL_KEYS:
             raise ConfigError(f"{key}: unknown top-level key; use {', '.join(TOP_LEVEL_KEYS)}")
     if text_only:
-        if config_file and raw.get("config_cls") not in (None, TEXT_ONLY_CLS):
-            raise ConfigError(f"--text-only selects {TEXT_ONLY_CLS}; the file asks for "
+        text_only_cls = text_only_pipeline(_model_packages(raw.get("model_packages")))
+        if config_file and raw.get("config_cls") not in (None, text_only_cls):
+            raise ConfigError(f"--text-only selects {text_only_cls}; the file asks for "
                               f"{raw.get('config_cls')}: drop one of them")
-        raw["config_cls"] = TEXT_ONLY_CLS
+        raw["config_cls"] = text_only_cls
     if model_path is not None:
         raw["model_path"] = model_path
     for dotted, value in (overrides or {}).items():
@@ -234,7 +246,8 @@ def load_config(
                           "Cosmos3UMMPipelineConfig) or pass --text-only")
     if not isinstance(cls_name, str):
         raise ConfigError(f"config_cls: expected a class name, got {cls_name!r}")
-    cls = pipeline_class(cls_name)
+    packages = _model_packages(raw.get("model_packages"))
+    cls = pipeline_class(cls_name, packages)
     mp = raw.get("model_path")
     if mp is not None and not isinstance(mp, str):
         raise ConfigError(f"model_path: expected a path, got {mp!r}")
@@ -266,6 +279,6 @@ def load_config(
         if isinstance(raw["server"], dict):
             raw["server"]["api_key"] = api_key
     server = resolve_server_settings(raw.get("server"), os.environ.get(API_KEY_ENV) or None)
-    resolved = ResolvedConfig(cls_name, mp, stages, local, tuple(domains), server)
+    resolved = ResolvedConfig(cls_name, mp, stages, local, tuple(domains), server, packages)
     cls.validate(resolved)
     return resolved

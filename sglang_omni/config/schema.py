@@ -125,6 +125,8 @@ class ResolvedConfig:
     allowed_local_media_path: str | None = None
     allowed_media_domain: tuple[str, ...] = ()
     server: ServerSettings = field(default_factory=ServerSettings)
+    #: Modules outside Omni whose import registers model packages (``model_packages``).
+    model_packages: tuple[str, ...] = ()
 
     def stage(self, name: str) -> StageConfig:
         return self.stages[name]
@@ -133,9 +135,10 @@ class ResolvedConfig:
         return [s for s in self.stages.values() if s.process]
 
     def pipeline(self) -> type[PipelineConfig]:
-        return pipeline_class(self.config_cls)
+        return pipeline_class(self.config_cls, self.model_packages)
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {"model_packages": list(self.model_packages)} if self.model_packages else {}
         return {
             "config_cls": self.config_cls,
             "model_path": self.model_path,
@@ -143,6 +146,7 @@ class ResolvedConfig:
             "allowed_media_domain": list(self.allowed_media_domain),
             "server": self.server.to_dict(),
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
+            **extra,
         }
 
 
@@ -155,6 +159,12 @@ class PipelineConfig:
 
     stage_specs: ClassVar[tuple[StageSpec, ...]] = ()
     mode: ClassVar[str] = ""
+    #: The model this pipeline serves: a ``contract.model.ServedModel`` (its generation limits,
+    #: defaults and action handling), which the HTTP layer asks instead of importing the model
+    #: package; None: the generic defaults.
+    model: ClassVar[Any] = None
+    #: The pipeline ``--text-only`` selects (the first registered one that says so).
+    text_only: ClassVar[bool] = False
 
     @classmethod
     def spec(cls, name: str) -> StageSpec | None:
@@ -171,41 +181,62 @@ class PipelineConfig:
         return None
 
 
-#: The built-in pipeline config classes by ``config_cls`` name, as import strings
-#: "module:Class"; a class is imported only when a config names it, so config never imports
-#: the model packages above it.
-PIPELINES: dict[str, str] = {
-    "Cosmos3UMMPipelineConfig": "sglang_omni.models.cosmos3.configs:Cosmos3UMMPipelineConfig",
-    "Cosmos3PipelineConfig": "sglang_omni.models.cosmos3.configs:Cosmos3PipelineConfig",
-    "Cosmos3ReasonerPipelineConfig":
-        "sglang_omni.models.cosmos3.configs:Cosmos3ReasonerPipelineConfig",
-}
+#: The package whose import registers the built-in models: each model package registers its
+#: pipeline config classes (``register_pipeline``) when imported. Config names no model; a
+#: model package outside Omni is named by the config's ``model_packages``.
+BUILT_IN_MODELS = "sglang_omni.models"
 
 _REGISTRY: dict[str, type[PipelineConfig]] = {}
+_LOADED: set[str] = set()
 
 
 def register_pipeline(cls: type[PipelineConfig]) -> type[PipelineConfig]:
-    """Class decorator: make ``cls`` selectable by its name as ``config_cls`` (for pipelines
-    outside ``PIPELINES``; a registered class wins over a table entry of the same name)."""
+    """Class decorator: make ``cls`` selectable by its name as ``config_cls``; a model package
+    applies it to its pipeline config classes (a later class of the same name wins)."""
     _REGISTRY[cls.__name__] = cls
     return cls
 
 
-def pipeline_class(name: str) -> type[PipelineConfig]:
-    """The pipeline config class called ``name``; ConfigError names the choices."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    target = PIPELINES.get(name)
-    if target is None:
+def load_model_packages(packages: tuple[str, ...] | list[str] = ()) -> None:
+    """Import the built-in models and each module of ``packages`` (``model_packages``), once
+    each: importing one registers its pipelines. ConfigError names a module that fails to
+    import."""
+    for name in (BUILT_IN_MODELS, *packages):
+        if name in _LOADED:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"model_packages: cannot import {name!r} ({exc}); name an "
+                              f"importable module that registers pipelines") from exc
+        _LOADED.add(name)
+
+
+def pipeline_class(name: str,
+                   packages: tuple[str, ...] | list[str] = ()) -> type[PipelineConfig]:
+    """The pipeline config class called ``name``, after the model ``packages`` (and the
+    built-in models) registered theirs; ConfigError names the choices."""
+    load_model_packages(packages)
+    if name not in _REGISTRY:
         known = ", ".join(registered_pipelines())
         raise ConfigError(
             f"config_cls: unknown pipeline config class {name!r}; use one of: {known}"
         )
-    module_name, _, class_name = target.partition(":")
-    cls: type[PipelineConfig] = getattr(importlib.import_module(module_name), class_name)
-    return cls
+    return _REGISTRY[name]
+
+
+def text_only_pipeline(packages: tuple[str, ...] | list[str] = ()) -> str:
+    """The ``config_cls`` that ``--text-only`` selects: the first registered pipeline with
+    ``text_only`` set (the built-in models register first); ConfigError when none has it."""
+    load_model_packages(packages)
+    for name, cls in _REGISTRY.items():
+        if cls.text_only:
+            return name
+    raise ConfigError("--text-only: no registered pipeline serves text-only chat")
 
 
 def registered_pipelines() -> list[str]:
-    """Every selectable ``config_cls`` name, sorted."""
-    return sorted(set(PIPELINES) | set(_REGISTRY))
+    """Every selectable ``config_cls`` name (the built-in models' and those registered so far),
+    sorted."""
+    load_model_packages()
+    return sorted(_REGISTRY)

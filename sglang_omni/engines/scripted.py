@@ -61,23 +61,20 @@ from typing import Any, cast
 
 import psutil
 
-from sglang_omni.engines.actions import (
+from sglang_omni.contract.actions import (
     action_envelope,
     action_fields,
     action_prompt,
     plan_action,
 )
-from sglang_omni.engines.base import EngineSpec, Job
-from sglang_omni.engines.encoding_settings import video_encoding
-from sglang_omni.engines.generation_options import (
+from sglang_omni.contract.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
     DEFAULT_SIZE,
     DEFAULT_VIDEO_FRAMES,
 )
-from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
-from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
-from sglang_omni.engines.payloads import (
+from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.payloads import (
     ActionResult,
     GenerationPayload,
     MediaItem,
@@ -85,7 +82,10 @@ from sglang_omni.engines.payloads import (
     ReasonerPayload,
     ReasonerResult,
 )
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
+from sglang_omni.engines.encoding_settings import video_encoding
+from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
+from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.engines.synth_media import frame_pixels
 from sglang_omni.engines.video_delivery import encode_video
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status

@@ -1,5 +1,5 @@
 """Deterministic synthetic media for the scripted generator and tests: frame pixels, encoded
-with ``media.encode`` (re-exported here), and an MP4 frame decoder.
+with ``media.encode``, and ``media.decode``'s MP4 frame decoder (both re-exported here).
 
 Pixels are a pure function of (prompt, seed, width, height, frame index), so tests can compare
 what they get with what they asked for.
@@ -8,10 +8,10 @@ what they get with what they asked for.
 from __future__ import annotations
 
 import hashlib
-import io
 
 import numpy as np
 
+from sglang_omni.media.decode import decode_mp4_frames
 from sglang_omni.media.encode import encode_mp4, encode_png
 
 __all__ = ["decode_mp4_frames", "encode_mp4", "encode_png", "frame_pixels"]
@@ -29,12 +29,3 @@ def frame_pixels(prompt: str, seed: int, width: int, height: int, index: int) ->
     band = ((xs + index * 8) // 16 % 2) * 64
     img[..., 2] = (base[2] + band + index * 5) % 256
     return img
-
-
-def decode_mp4_frames(data: bytes) -> list[np.ndarray]:
-    """RGB frames of an MP4 (used by tests and checks)."""
-    import av
-
-    with av.open(io.BytesIO(data), "r") as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-

@@ -17,9 +17,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from sglang_omni.engines.base import Job
-from sglang_omni.engines.payloads import MediaResult
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.job import Job
+from sglang_omni.contract.payloads import MediaResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.media.encode import READER_PRESET, VideoEncoding
 
 #: ``encode(encoding, for_reader)``: the MP4 of the job's frames at ``encoding``, off the event

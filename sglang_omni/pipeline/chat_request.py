@@ -63,7 +63,7 @@ def sampling_layers(sampling: Mapping[str, Any], stage_sampling: Mapping[str, Ma
     """The one home of sampling precedence: where a stage's sampling fields come from, lowest
     first (top level < ``stage_sampling.<stage>`` < ``stage_params.<stage>``), each with the
     path its fields are named by. A Reasoner payload carries the first two merged as
-    ``sampling`` and the last as ``stage_params`` (``engines.payloads.reasoner_fields``)."""
+    ``sampling`` and the last as ``stage_params`` (``contract.payloads.reasoner_fields``)."""
     return (("", sampling), (f"stage_sampling.{stage}.", stage_sampling.get(stage, {})),
             (f"stage_params.{stage}.", stage_params.get(stage, {})))
 

@@ -1,6 +1,6 @@
 """Stage calls that may answer early.
 
-A job may send an early result (``engines.base.EARLY_RESULT``: the Reasoner's copy of a video,
+A job may send an early result (``contract.job.EARLY_RESULT``: the Reasoner's copy of a video,
 ``engines.video_delivery``) before its final one. :func:`call_until_early` returns that early
 result at once, its ``later`` the task that finishes the job; the task is added to ``owner``
 until it ends, so whoever holds the request can cancel it (which aborts the job on its stage).
@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from sglang_omni.engines.base import CHUNK_FRAMES, EARLY_RESULT, clean_spans
-from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.contract.job import CHUNK_FRAMES, EARLY_RESULT, clean_spans
+from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.runtime.stage_handle import StageHandle
 
 

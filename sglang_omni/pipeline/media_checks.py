@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_omni.engines.result import Frames
+from sglang_omni.contract.result import Frames
 from sglang_omni.errors import ServerError
 from sglang_omni.media.types import INLINE_LIMIT, MIME_BY_KIND, media_type_of
 
@@ -14,7 +14,7 @@ def check_generated_media(kind: str, payload: Mapping[str, Any], frames: Frames,
                           inline_limit: int | None = INLINE_LIMIT) -> tuple[bytes | bytearray, str]:
     """Exactly one item of ``kind`` within ``inline_limit`` bytes (None: no limit, as on the
     direct generation routes) whose bytes are what they claim; ServerError otherwise (the
-    request fails). ``payload`` should be an ``engines.payloads.MediaResult``; it comes from
+    request fails). ``payload`` should be an ``contract.payloads.MediaResult``; it comes from
     another process, so its shape is checked here."""
     items = payload.get("media") or []
     if not items:

@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import Any, cast
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.engines.generation_options import denoising_steps, positive_int
-from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
-from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.contract.generation_options import denoising_steps, positive_int
+from sglang_omni.contract.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
+from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import (
     ConfigError,
     NeedsRestart,

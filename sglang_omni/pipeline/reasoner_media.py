@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_omni.engines.base import FRAME_SCHEME
-from sglang_omni.engines.result import Frames
+from sglang_omni.contract.job import FRAME_SCHEME
+from sglang_omni.contract.result import Frames
 from sglang_omni.errors import BadRequest, StageDied
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.runtime.stage_handle import StageHandle
 from sglang_omni.runtime.supervisor import RestartPolicy, StageSupervisor
 

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.runtime.stage_handle import StageHandle
 
 _DONE = object()

@@ -1,7 +1,7 @@
 """Where a request's seconds went: one :class:`Timeline` per interleaved request.
 
 Each dispatch adds its spans under its stage's name (``reasoner.prefill``, ``generation.denoise``,
-...). The engine reports its own (``engines.base.ENGINE_SPANS``: media preparation, prefill,
+...). The engine reports its own (``contract.job.ENGINE_SPANS``: media preparation, prefill,
 decode, denoising, VAE decode, encoding); what its job took beyond them is ``<stage>.engine``
 (an engine that reports no spans, like native's, is all ``engine``). The orchestrator adds
 ``<stage>.wait`` (waiting for the stage: the generation stage serves one request at a time) and
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sglang_omni.engines.base import ENGINE_SPANS
+from sglang_omni.contract.job import ENGINE_SPANS
 
 #: Spans the orchestrator adds to every dispatch, beside the engine's.
 DISPATCH_SPANS = ("wait", "relay")

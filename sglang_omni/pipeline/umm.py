@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
-from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import (
     BadRequest,
     ConfigError,
@@ -65,7 +65,7 @@ class UMMRequest:
 @dataclass(frozen=True)
 class Dispatch:
     """Work for one stage. ``modality`` names the media a generation dispatch makes. The built-in
-    engines take the payloads of ``engines.payloads``."""
+    engines take the payloads of ``contract.payloads``."""
 
     stage: str
     payload: Mapping[str, Any]

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from sglang_omni.engines.result import Frames
+from sglang_omni.contract.result import Frames
 
 _LEN = struct.Struct("!Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_omni.engines.result import Frames
+from sglang_omni.contract.result import Frames
 from sglang_omni.errors import ServerError, StageDied
 
 

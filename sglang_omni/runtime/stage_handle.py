@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.gpus import device_env
-from sglang_omni.engines.base import CHUNK_FRAMES, EngineSpec, clean_spans
-from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.contract.job import CHUNK_FRAMES, EngineSpec, clean_spans
+from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, StageCallError, StageDied
 from sglang_omni.runtime.ipc import (
     Channel,

@@ -47,14 +47,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sglang_omni.config.schema import PROCESS_FACTORY
-from sglang_omni.engines.base import EngineSpec, Job, build_engine
+from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.result import Frames
+from sglang_omni.engines.base import build_engine
 from sglang_omni.engines.memory_faults import (
     device_memory,
     free_device_memory,
     is_out_of_memory,
     out_of_memory_error,
 )
-from sglang_omni.engines.result import Frames
 from sglang_omni.errors import BadRequest, OmniError, ServerError
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.runtime.ipc import Channel, PackedHeader, WireEncodeError, pack_header

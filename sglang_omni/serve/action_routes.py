@@ -4,12 +4,12 @@
   The answer is native's envelope (``runtime.response_format`` ``envelope``, the default) or
   the model's raw output (``raw``); msgpack when the request is msgpack or its ``Accept`` asks for
   it (action values then travel as native's float32 array maps).
-* ``GET /v1/actions/metadata``: :func:`~sglang_omni.models.cosmos3.action_metadata`.
+* ``GET /v1/actions/metadata``: the served model's ``action_metadata``.
 * ``WS /v1/actions/realtime``: :mod:`.realtime_actions` (the same checks and answers).
 
 Every body is checked before any work (field types, the media policy over every media value,
-uploads included, and the generation limits); see
-:mod:`sglang_omni.models.cosmos3.action_request`.
+uploads included, and the generation limits) by the served model
+(``contract.model.ServedModel``: Cosmos3's is :mod:`sglang_omni.models.cosmos3.model`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sglang_omni.engines.actions import action_fields, plan_action
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import ServerError
 from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
-from sglang_omni.models.cosmos3.action_metadata import action_metadata
-from sglang_omni.models.cosmos3.action_request import (
-    check_action_request,
-    response_format,
-)
-from sglang_omni.models.cosmos3.generation_limits import ACTION_DEFAULTS, check_generation_limits
 from sglang_omni.serve.action_form import UPLOADS, action_body_from_form
 from sglang_omni.serve.body_formats import accepts
 from sglang_omni.serve.direct_context import DirectContext
@@ -46,14 +39,14 @@ from sglang_omni.serve.schemas.responses import ERRORS
 def check_action(ctx: DirectContext, body: dict[str, Any]) -> dict[str, Any]:
     """A checked action body (400 before any work). A client ``request_id``/``id`` is dropped:
     Omni names each request itself (unique among requests in flight; the answer's ``id``)."""
-    checked = check_action_request(body, ctx.policy.check)
+    checked = ctx.model.check_action_request(body, ctx.policy.check)
     checked.pop("request_id", None)
     checked.pop("id", None)
     check_media_refs(action_media_refs(checked), ctx.policy)  # the request-wide count and bytes
-    fields = action_fields(checked)  # what native reads: the limits check what runs
-    check_generation_limits(fields, ctx.settings, video=True, defaults=ACTION_DEFAULTS,
-                            multiple=ctx.multiple)
-    plan_action(fields)  # native's own checks, before the stage sees it
+    fields = ctx.model.action_fields(checked)  # what the engine reads: limits check what runs
+    ctx.model.check_generation_limits(fields, ctx.settings, video=True, action=True,
+                                      multiple=ctx.multiple)
+    ctx.model.plan_action(fields)  # the model's own checks, before the stage sees it
     return checked
 
 
@@ -64,7 +57,7 @@ def action_answer(ctx: DirectContext, result: StageResult, body: dict[str, Any])
         raise ServerError("the action generation returned no action")
     if response.get("object") == "action.generation":
         response = {**response, "model": ctx.served_name}
-    if response_format(body) == "envelope":
+    if ctx.model.action_response_format(body) == "envelope":
         return response
     action = response["data"][0]["action"]
     raw = {"request_id": response.get("id"), "actions": action.get("values")}
@@ -110,5 +103,5 @@ def add_action_routes(router: APIRouter, ctx: DirectContext) -> None:
 
 def metadata_of(ctx: DirectContext) -> dict[str, Any]:
     config = ctx.orchestrator.config
-    return action_metadata(ctx.served_name, config.model_path, ctx.backend,
-                           dict(config.stage("generation").engine or {}))
+    return ctx.model.action_metadata(ctx.served_name, config.model_path, ctx.backend,
+                                     dict(config.stage("generation").engine or {}))

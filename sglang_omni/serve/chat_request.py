@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sglang_omni.engines.base import refuse_omni_owned
+from sglang_omni.contract.job import refuse_omni_owned
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.content_parts import CLIENT_LABEL_KEY
 from sglang_omni.pipeline.chat_request import (

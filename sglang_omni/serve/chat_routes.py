@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServiceUnavailable, is_client_error
 from sglang_omni.media import check_chat_request
 from sglang_omni.media.admission import admit_media

@@ -9,13 +9,9 @@ from typing import Any
 from starlette.requests import Request
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.model import ServedModel, served_model
+from sglang_omni.contract.result import StageResult
 from sglang_omni.media.policy import MediaPolicy
-from sglang_omni.models.cosmos3.generation_limits import (
-    Defaults,
-    generation_defaults,
-    size_multiple,
-)
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.direct_admission import DirectAdmission
@@ -38,8 +34,11 @@ class DirectContext:
     sessions: Sessions = field(default_factory=Sessions)
     #: The image and action requests' queue on the generation stage.
     admission: DirectAdmission = field(init=False)
+    #: The model the pipeline serves: its limits, defaults and action route.
+    model: ServedModel = field(init=False)
 
     def __post_init__(self) -> None:
+        self.model = served_model(self.orchestrator.config)
         settings = self.orchestrator.config.server
         self.admission = DirectAdmission(
             settings.max_direct_queue, settings.direct_wait_s,
@@ -60,12 +59,7 @@ class DirectContext:
     @property
     def multiple(self) -> int:
         """The width/height multiple the generation backend needs."""
-        return size_multiple(self.backend)
-
-    @property
-    def defaults(self) -> Defaults:
-        """What the generation backend gives an option a request leaves out."""
-        return generation_defaults(self.backend)
+        return self.model.size_multiple(self.backend)
 
     def stage(self) -> Any:
         """The generation stage (503 while the server is unhealthy)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.engines.generation_options import check_option_value
+from sglang_omni.contract.generation_options import check_option_value
 from sglang_omni.errors import BadRequest
 from sglang_omni.serve.request_body import parse_json
 

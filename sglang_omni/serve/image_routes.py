@@ -23,7 +23,6 @@ from fastapi.responses import Response
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
-from sglang_omni.models.cosmos3.generation_limits import check_generation_limits
 from sglang_omni.serve.body_formats import accepts
 from sglang_omni.serve.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct_fields import (
@@ -50,8 +49,8 @@ async def generate_image(request: Request, ctx: DirectContext, fields: dict[str,
                          options: dict[str, Any]) -> Response:
     """Run one image generation and answer in the requested format."""
     response_format = check_image_format(fields)
-    check_generation_limits(options, ctx.settings, video=False, defaults=ctx.defaults,
-                            multiple=ctx.multiple)
+    ctx.model.check_generation_limits(options, ctx.settings, video=False, backend=ctx.backend,
+                                      multiple=ctx.multiple)
     rid = ctx.new_rid()
     result = await ctx.call(request, rid, {"modality": "image", "prompt": fields["prompt"],
                                            "options": options})

@@ -4,7 +4,7 @@ as it discovers a native one).
 
 ``version`` is the SGLang release Omni serves natively (the gateway reads it as native's);
 ``omni_version`` is this package's. Omni adds ``pipeline``, ``mode`` and ``random_weights`` with
-its ``notice`` (:mod:`sglang_omni.models.random_weights`: the checkpoint was built with random
+its ``notice`` (:mod:`sglang_omni.contract.random_weights`: the checkpoint was built with random
 weights; the playground shows the notice).
 """
 
@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.models.random_weights import RandomWeights
+from sglang_omni.contract.random_weights import RandomWeights
 from sglang_omni.serve.direct_context import DirectContext
 from sglang_omni.serve.responses import json_response
 

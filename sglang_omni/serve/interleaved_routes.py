@@ -16,14 +16,10 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
+from sglang_omni.contract.model import served_model
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import check_chat_request
 from sglang_omni.media.admission import admit_media
-from sglang_omni.models.cosmos3.generation_limits import (
-    check_generation_limits,
-    generation_defaults,
-    size_multiple,
-)
 from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
@@ -57,8 +53,9 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     config = orchestrator.config
     stage_names = tuple(orchestrator.stages.handles)
     generation = config.stages.get("generation")
+    model = served_model(config)
     backend = generation.factory.get("backend") if generation else None
-    multiple, defaults = size_multiple(backend), generation_defaults(backend)
+    multiple = model.size_multiple(backend)
 
     async def open_run(request: Request, rid: str, req: ChatRequest) -> UMMRun:
         """Check the generation limits, measure the history off the event loop, open the run
@@ -66,9 +63,10 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         fleet gateway, when one forwarded it). The rid is claimed: refused, it is free again;
         admitted, it ends with the run."""
         try:
-            check_generation_limits(req.stage_params.get("generation") or {}, config.server,
-                                    where="stage_params.generation.", feeds_reasoner=True,
-                                    defaults=defaults, multiple=multiple)
+            model.check_generation_limits(req.stage_params.get("generation") or {},
+                                          config.server, where="stage_params.generation.",
+                                          feeds_reasoner=True, backend=backend,
+                                          multiple=multiple)
             history_size = await asyncio.to_thread(history_bytes, req.messages)
             run = orchestrator.open_interleaved(UMMRequest(
                 rid=rid, messages=req.messages, sampling=req.sampling,

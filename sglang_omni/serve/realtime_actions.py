@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.action_refs import action_media_refs
 from sglang_omni.media.admission import admit_media

@@ -40,10 +40,10 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from sglang_omni.engines.generation_options import ACTION_OPTION_DEFAULTS, DEFAULT_VIDEO_FRAMES
-from sglang_omni.engines.synth_media import decode_mp4_frames
+from sglang_omni.contract.generation_options import ACTION_OPTION_DEFAULTS, DEFAULT_VIDEO_FRAMES
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.admission import admit_media
+from sglang_omni.media.decode import decode_mp4_frames
 from sglang_omni.media.encode import encode_png
 from sglang_omni.serve.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct_fields import VIDEO_FIELDS, flatten, split

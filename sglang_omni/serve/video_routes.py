@@ -17,11 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from sglang_omni.engines.generation_options import DEFAULT_FPS
+from sglang_omni.contract.generation_options import DEFAULT_FPS
 from sglang_omni.errors import BadRequest, NotFound
 from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_generation_media
-from sglang_omni.models.cosmos3.generation_limits import check_generation_limits
 from sglang_omni.serve.body_formats import accepts
 from sglang_omni.serve.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct_fields import (
@@ -82,10 +81,10 @@ def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, An
     if "action_horizon" in options:  # forward dynamics: one frame per action, plus one
         options.setdefault("num_frames", options["action_horizon"] + 1)
     frames = options.setdefault("num_frames", fps * seconds)
-    check_generation_limits(options, ctx.settings, video=True, defaults=ctx.defaults,
-                            multiple=ctx.multiple)
-    defaults = ctx.defaults  # what the engine makes of a side left out
-    size = f"{options.get('width', defaults.width)}x{options.get('height', defaults.height)}"
+    ctx.model.check_generation_limits(options, ctx.settings, video=True, backend=ctx.backend,
+                                      multiple=ctx.multiple)
+    width, height = ctx.model.default_size(ctx.backend)  # what the engine makes of a side left out
+    size = f"{options.get('width', width)}x{options.get('height', height)}"
     return VideoPlan(fields["prompt"], options, size, str(round(frames / fps)), media)
 
 

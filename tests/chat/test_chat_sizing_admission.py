@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.engines.native.server_args import ServerArgsError, resolve_server_args
 from sglang_omni.errors import ConfigError, ServiceUnavailable
 from sglang_omni.pipeline.chat_admission import ChatAdmission

@@ -113,3 +113,26 @@ def test_serve_refuses_bad_config_with_nonzero_exit(tmp_path: Path) -> None:
 def test_help_works() -> None:
     out = run_cli("--help")
     assert out.returncode == 0 and "serve" in out.stdout
+
+
+def test_model_packages_register_pipelines_outside_omni(tmp_path: Path) -> None:
+    """``model_packages`` names the module whose import registers a model package's pipelines;
+    its model (limits, defaults) is what the pipeline serves."""
+    text = "model_packages: [tests.toy_model]\nconfig_cls: ToyPipelineConfig\n" \
+           "stages: {generation: {gpu: null, factory: {backend: scripted}}}\n"
+    config = load_config(write(tmp_path, text))
+    assert config.model_packages == ("tests.toy_model",)
+    assert config.pipeline().__name__ == "ToyPipelineConfig"
+    assert config.pipeline().model.max_side == 512
+    assert config.to_dict()["model_packages"] == ["tests.toy_model"]
+    assert "model_packages" not in load_config(write(tmp_path, SPEC_YAML),
+                                               visible_gpus=2).to_dict()
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ("[no_such_module_for_omni]", "model_packages: cannot import 'no_such_module_for_omni'"),
+    ("{a: 1}", "model_packages: expected a list of module names"),
+])
+def test_model_packages_refusals_name_the_key(tmp_path: Path, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_config(write(tmp_path, f"model_packages: {value}\n{SPEC_YAML}"), visible_gpus=2)

@@ -1,11 +1,17 @@
 """Package layering: imports point one way and packages form no cycle.
 
-Layers, lowest first: errors -> media, config -> engines -> runtime -> pipeline -> models
--> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers: only the CLI sits
-above it). A module may import its own package or any lower layer. media and config
+Layers, lowest first: errors -> media, config -> contract -> engines -> runtime -> pipeline
+-> models -> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers: only the
+CLI sits above it). A module may import its own package or any lower layer. media and config
 share one level and may not import each other (neither needs the other; keeping them apart
-keeps both leaves of the graph). client is a separate top: it may import errors and its own
-modules only.
+keeps both leaves of the graph). contract, the stage contract (jobs, results, payloads,
+generation options, the engine and model interfaces), sits just above them so that every layer
+may import it. client is a separate top: it may import errors and its own modules only.
+
+Some edges that point down are forbidden too (``FORBIDDEN``): serve, the HTTP layer, imports no
+engine and no model package; it reaches the configured model through the ``contract.model``
+interface its pipeline config names (``PipelineConfig.model``), so a model package added
+without a change to serve serves through the same routes.
 
 Every ``import`` and ``from ... import`` counts, including those inside functions; a module
 named by a string passed to ``importlib.import_module`` is a late binding through a table,
@@ -26,14 +32,17 @@ LAYER: dict[str, int] = {
     "errors": 0,
     "media": 1,
     "config": 1,
-    "engines": 2,
-    "runtime": 3,
-    "pipeline": 4,
-    "models": 5,
-    "serve": 6,
-    "scale": 7,
-    "cli": 8,
+    "contract": 2,
+    "engines": 3,
+    "runtime": 4,
+    "pipeline": 5,
+    "models": 6,
+    "serve": 7,
+    "scale": 8,
+    "cli": 9,
 }
+#: Downward edges that are still forbidden, by (source package, target package).
+FORBIDDEN = {("serve", "engines"), ("serve", "models")}
 CLIENT_MAY_IMPORT = {"client", "errors"}
 
 
@@ -97,6 +106,8 @@ def upward(edge: tuple[str, str, str, str]) -> bool:
     if target_pkg == "client":
         return False
     if source_pkg not in LAYER or target_pkg not in LAYER:
+        return True
+    if (source_pkg, target_pkg) in FORBIDDEN:
         return True
     return LAYER[target_pkg] >= LAYER[source_pkg]
 
@@ -187,7 +198,9 @@ def test_scanner_sees_nested_and_relative_imports(tmp_path: Path) -> None:
         "sglang_omni.runtime.ipc",
     ]
     bad = ("sglang_omni.engines.probe", "sglang_omni.serve", "engines", "serve")
-    assert upward(bad) and not upward(("x", "y", "serve", "engines"))
+    assert upward(bad) and not upward(("x", "y", "serve", "pipeline"))
+    assert upward(("x", "y", "serve", "engines")) and upward(("x", "y", "serve", "models"))
+    assert not upward(("x", "y", "serve", "contract"))
     assert upward(("x", "y", "client", "serve")) and upward(("x", "y", "media", "config"))
     assert package_cycles([("a", "b", "engines", "serve"), ("c", "d", "serve", "engines")]) == [
         ["engines", "serve"]
@@ -195,12 +208,18 @@ def test_scanner_sees_nested_and_relative_imports(tmp_path: Path) -> None:
 
 
 def test_import_string_tables_name_real_classes() -> None:
-    """The late-bound tables (pipelines, engines) name modules that define those classes."""
-    from sglang_omni.config.schema import PIPELINES, pipeline_class
+    """The late-bound tables (the built-in models' pipelines, engines) name real classes; the
+    built-in pipelines register themselves, each with the model it serves."""
+    from sglang_omni.config.schema import pipeline_class, registered_pipelines
+    from sglang_omni.contract.model import ServedModel
     from sglang_omni.engines.base import ENGINES
 
-    for name in PIPELINES:
+    builtin = {"Cosmos3UMMPipelineConfig", "Cosmos3PipelineConfig",
+               "Cosmos3ReasonerPipelineConfig"}
+    assert builtin <= set(registered_pipelines())
+    for name in builtin:
         assert pipeline_class(name).__name__ == name
+        assert isinstance(pipeline_class(name).model, ServedModel)
     for target in ENGINES.values():
         module, _, cls = target.partition(":")
         path = PACKAGE_ROOT.parent / module.replace(".", "/")

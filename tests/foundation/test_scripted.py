@@ -13,7 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.engines.scripted import ScriptedGenerator, ScriptedReasoner
 from sglang_omni.engines.synth_media import decode_mp4_frames, frame_pixels
 from sglang_omni.errors import BadRequest

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("diffusers")
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.hf import HFGenerator, denoise  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.hf import HFReasoner, conversation, prompt  # noqa: E402
 from sglang_omni.engines.hf.common import JobCancelled  # noqa: E402
 from sglang_omni.models.cosmos3 import decision  # noqa: E402

@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.result import StageResult  # noqa: E402
 from sglang_omni.engines.hf import HFGenerator, HFReasoner  # noqa: E402
-from sglang_omni.engines.result import StageResult  # noqa: E402
 from sglang_omni.errors import BadRequest  # noqa: E402
 from sglang_omni.models.cosmos3 import decision  # noqa: E402
 

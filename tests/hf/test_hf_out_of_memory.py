@@ -20,7 +20,7 @@ pytest.importorskip("llguidance")
 
 import torch  # noqa: E402
 
-from sglang_omni.engines.base import Job  # noqa: E402
+from sglang_omni.contract.job import Job  # noqa: E402
 from sglang_omni.errors import OutOfGPUMemory  # noqa: E402
 from tests.hf.test_hf_context import FRAMES, plain, reasoner, run, turns  # noqa: E402
 from tests.hf.test_hf_engines import SMALL, Loop, spec  # noqa: E402

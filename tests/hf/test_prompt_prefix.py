@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
-from sglang_omni.engines.base import Job  # noqa: E402
+from sglang_omni.contract.job import Job  # noqa: E402
+from sglang_omni.contract.result import StageResult  # noqa: E402
 from sglang_omni.engines.hf import reasoner as hf_reasoner  # noqa: E402
-from sglang_omni.engines.result import StageResult  # noqa: E402
 from sglang_omni.models.cosmos3 import prompts  # noqa: E402
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter  # noqa: E402
 from sglang_omni.pipeline.umm import Budget, UMMRequest  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.engines.hf import common
 from sglang_omni.engines.hf.common import ModelThread, ThreadedModelEngine, prefetch_weights
 

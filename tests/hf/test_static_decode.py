@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("llguidance")
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.hf import HFReasoner, static_decode  # noqa: E402
 from sglang_omni.engines.hf.decode_loop import static_generate  # noqa: E402
 from sglang_omni.engines.hf.static_decode import StaticDecoder, cache_bucket  # noqa: E402

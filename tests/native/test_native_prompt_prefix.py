@@ -33,9 +33,9 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer  # noqa: E402
 from sglang.test.test_utils import published_topology  # noqa: E402
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.result import StageResult  # noqa: E402
 from sglang_omni.engines.native.reasoner import NativeReasoner  # noqa: E402
-from sglang_omni.engines.result import StageResult  # noqa: E402
 from sglang_omni.models.cosmos3 import decision  # noqa: E402
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter  # noqa: E402
 from sglang_omni.models.cosmos3.tiny_checkpoint import DEFAULT_SEED, make_tokenizer  # noqa: E402

@@ -31,7 +31,7 @@ from sglang.srt.managers.tokenizer_manager import ServerStatus  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.test.test_utils import published_topology  # noqa: E402
 
-from sglang_omni.engines.base import EngineSpec, Job  # noqa: E402
+from sglang_omni.contract.job import EngineSpec, Job  # noqa: E402
 from sglang_omni.engines.native.reasoner import NativeReasoner  # noqa: E402
 from sglang_omni.engines.native.server_args import resolve_server_args  # noqa: E402
 from sglang_omni.errors import BadRequest, MediaRefused, NativeRefusal  # noqa: E402

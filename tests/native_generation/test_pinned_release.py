@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_omni.engines.generation_options import OPTIONS  # noqa: E402
+from sglang_omni.contract.generation_options import OPTIONS  # noqa: E402
 from sglang_omni.engines.native.generation import sampling_kwargs  # noqa: E402
 from sglang_omni.engines.native.generation_cancellation import native_abort_method  # noqa: E402
 from sglang_omni.engines.native.generation_checks import check_ffmpeg_aac  # noqa: E402

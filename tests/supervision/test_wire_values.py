@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.errors import BadRequest, StageCallError
 from sglang_omni.runtime.stage_handle import StageHandle
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_omni.config.stages import MiB
-from sglang_omni.engines.result import Frames, StageResult
+from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.pipeline.umm import (
     TEXT,
     VIDEO,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_omni.config import load_config
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import ServerError
 from sglang_omni.models.cosmos3 import decision, prompts
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sglang_omni.engines.base import EngineSpec
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.job import EngineSpec
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import StageCallError
 from sglang_omni.runtime.stage_handle import StageHandle
 

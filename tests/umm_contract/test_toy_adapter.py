@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sglang_omni.config import load_config
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.pipeline.stages import StageSet
 from sglang_omni.pipeline.umm import Complete, Limits, Segment, UMMController

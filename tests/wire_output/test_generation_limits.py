@@ -7,11 +7,10 @@ import pytest
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
-from sglang_omni.models.cosmos3.generation_limits import (
-    ACTION_DEFAULTS,
-    check_generation_limits,
-    size_multiple,
-)
+from sglang_omni.models.cosmos3.model import COSMOS3
+
+check_generation_limits = COSMOS3.check_generation_limits  # the rule as the routes apply it
+size_multiple = COSMOS3.size_multiple
 
 DEFAULTS = ServerSettings()
 
@@ -26,7 +25,7 @@ def test_documented_video_passes() -> None:
     check_generation_limits({"width": 1280, "height": 720, "num_frames": 189,
                              "num_inference_steps": 100}, DEFAULTS, feeds_reasoner=True)
     check_generation_limits({}, DEFAULTS)  # every default
-    check_generation_limits({}, DEFAULTS, defaults=ACTION_DEFAULTS)
+    check_generation_limits({}, DEFAULTS, action=True)
 
 
 def test_a_missing_side_counts_as_the_default() -> None:

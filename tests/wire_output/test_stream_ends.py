@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.pipeline.umm import Complete, Segment
 from sglang_omni.serve.chat_request import parse_chat_request

@@ -2,7 +2,7 @@
 
 * The action route (modality ``action``): ``policy`` (one observation image) and
   ``inverse_dynamics`` (an observation video) answer the native action envelope, with native's
-  checks (:mod:`sglang_omni.engines.actions`) and defaults (horizon 16, 35 steps or the
+  checks (:mod:`sglang_omni.contract.actions`) and defaults (horizon 16, 35 steps or the
   engine's ``defaults``, guidance 1.0, seed 42).
 * ``forward_dynamics`` (a ``/v1/videos`` generation whose options carry ``action_mode:
   forward_dynamics`` and an ``action`` array ``[T, raw_action_dim]``): the video rolled out from
@@ -22,21 +22,21 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_omni.engines.actions import (
+from sglang_omni.contract.actions import (
     action_envelope,
     action_fields,
     action_prompt,
     plan_action,
 )
-from sglang_omni.engines.base import Job
-from sglang_omni.engines.generation_options import (
+from sglang_omni.contract.generation_options import (
     ACTION_OPTION_DEFAULTS,
     check_generation_options,
 )
+from sglang_omni.contract.job import Job
+from sglang_omni.contract.payloads import ActionResult, MediaResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.hf.common import JobCancelled, step_callback, to_uint8
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
-from sglang_omni.engines.payloads import ActionResult, MediaResult
-from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import VideoEncoding, encode_mp4

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.engines.memory_faults import call_freeing_on_oom
 
 log = logging.getLogger("sglang_omni.hf")

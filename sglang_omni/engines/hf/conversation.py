@@ -16,7 +16,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_omni.engines.base import Job
+from sglang_omni.contract.job import Job
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import ContentPart, message_parts

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_omni.engines.generation_options import DEFAULT_STEPS
+from sglang_omni.contract.generation_options import DEFAULT_STEPS
 from sglang_omni.engines.hf.common import log
 from sglang_omni.engines.memory_faults import is_out_of_memory
 

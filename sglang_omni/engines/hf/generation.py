@@ -27,9 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sglang_omni.engines.base import EngineSpec, Job
-from sglang_omni.engines.encoding_settings import video_encoding
-from sglang_omni.engines.generation_options import (
+from sglang_omni.contract.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
     DEFAULT_SIZE,
@@ -38,6 +36,10 @@ from sglang_omni.engines.generation_options import (
     HF_SIZE_MULTIPLE,
     check_generation_options,
 )
+from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.payloads import GenerationPayload, MediaResult
+from sglang_omni.contract.result import StageResult
+from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.hf import denoise
 from sglang_omni.engines.hf.action import run_action, wants_action
@@ -53,8 +55,6 @@ from sglang_omni.engines.hf.common import (
     torch_dtype,
 )
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
-from sglang_omni.engines.payloads import GenerationPayload, MediaResult
-from sglang_omni.engines.result import StageResult
 from sglang_omni.engines.video_delivery import encode_video
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes

@@ -30,7 +30,9 @@ import os
 import time
 from typing import Any, cast
 
-from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.payloads import ReasonerPayload, ReasonerResult, reasoner_fields
+from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -51,8 +53,6 @@ from sglang_omni.engines.hf.conversation import Conversation, MediaItem, read_co
 from sglang_omni.engines.hf.decode_loop import static_generate, supports
 from sglang_omni.engines.hf.prompt import build_prompt, prefill
 from sglang_omni.engines.hf.static_decode import StaticDecoder
-from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult, reasoner_fields
-from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.settings import policy_from_spec
 

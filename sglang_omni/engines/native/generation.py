@@ -32,8 +32,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from sglang_omni.engines.base import EngineSpec, Job
-from sglang_omni.engines.generation_options import DEFAULT_FPS, OPTIONS
+from sglang_omni.contract.generation_options import DEFAULT_FPS, OPTIONS
+from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.payloads import ActionResult, GenerationPayload, MediaResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.memory_faults import out_of_memory_error, says_out_of_memory
 from sglang_omni.engines.native.cancellation_plugin import read_progress, request_cancel
@@ -56,8 +58,6 @@ from sglang_omni.engines.native.generation_driver import (
     load_driver,
 )
 from sglang_omni.engines.native.parallelism import native_gpu_count
-from sglang_omni.engines.payloads import ActionResult, GenerationPayload, MediaResult
-from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir, materialize
 from sglang_omni.media.action_refs import action_media_refs, replace_action_media

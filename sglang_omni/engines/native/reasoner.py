@@ -37,7 +37,9 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import ServerStatus
 
-from sglang_omni.engines.base import EngineSpec, Job
+from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.payloads import ReasonerPayload, ReasonerResult
+from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, process_probe
 from sglang_omni.engines.native.reasoner_request import (
     StreamReader,
@@ -49,8 +51,6 @@ from sglang_omni.engines.native.reasoner_request import (
 )
 from sglang_omni.engines.native.root_logging import kept_root_logging
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
-from sglang_omni.engines.payloads import ReasonerPayload, ReasonerResult
-from sglang_omni.engines.result import StageResult
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir
 from sglang_omni.media.settings import policy_from_spec

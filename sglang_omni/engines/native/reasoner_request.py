@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_omni.engines.base import FRAME_SCHEME, refuse_omni_owned
-from sglang_omni.engines.payloads import (
+from sglang_omni.contract.job import FRAME_SCHEME, refuse_omni_owned
+from sglang_omni.contract.payloads import (
     REASONER_OPTION_FIELDS,
     ReasonerPayload,
     ReasonerResult,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_omni.engines.base import EngineSpec
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.media.policy import NATIVE_MEDIA_URL_MAX_FILE_SIZE_MB
 
 MEMORY_FRACTION = "mem_fraction_static"

@@ -7,14 +7,14 @@ import copy
 from collections.abc import Awaitable
 from typing import Any
 
-from sglang_omni.engines.generation_options import (
+from sglang_omni.contract.generation_options import (
     DEFAULT_VIDEO_FRAMES,
     MEDIA_OPTIONS,
     check_generation_options,
     modalities_for,
 )
-from sglang_omni.engines.payloads import GenerationPayload, ReasonerPayload
-from sglang_omni.engines.result import StageResult
+from sglang_omni.contract.payloads import GenerationPayload, ReasonerPayload
+from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest, ServerError
 from sglang_omni.media.content_parts import text_of
 from sglang_omni.models.cosmos3 import decision, prompts

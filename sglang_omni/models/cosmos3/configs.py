@@ -1,4 +1,6 @@
-"""The Cosmos3 pipelines: interleaved (UMM), direct generation, and text-only Reasoner."""
+"""The Cosmos3 pipelines: interleaved (UMM), direct generation, and text-only Reasoner; each
+serves :data:`~sglang_omni.models.cosmos3.model.COSMOS3` and registers itself as a
+``config_cls`` when imported (``config.schema.register_pipeline``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from sglang_omni.engines.encoding_settings import ENCODING_FACTORY
 from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 from sglang_omni.models.cosmos3.decision import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
+from sglang_omni.models.cosmos3.model import COSMOS3
 from sglang_omni.pipeline.umm import UMMPipelineConfig
 
 UTF8_MAX = 4  # bytes per character at worst
@@ -22,6 +25,7 @@ class Cosmos3UMMPipelineConfig(UMMPipelineConfig):
     stage_specs = (orchestrator_stage(), generation_stage(0, ENCODING_FACTORY),
                    reasoner_stage(1))
     adapter_cls = Cosmos3UMMAdapter
+    model = COSMOS3
     max_generations = 8
 
     @classmethod
@@ -42,6 +46,7 @@ class Cosmos3PipelineConfig(PipelineConfig):
 
     mode = "generation"
     stage_specs = (generation_stage(0, ENCODING_FACTORY),)
+    model = COSMOS3
 
 
 @register_pipeline
@@ -50,3 +55,5 @@ class Cosmos3ReasonerPipelineConfig(PipelineConfig):
 
     mode = "chat"
     stage_specs = (reasoner_stage(0),)
+    model = COSMOS3
+    text_only = True

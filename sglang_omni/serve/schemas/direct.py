@@ -1,12 +1,12 @@
 """Request bodies of the direct generation routes (``Cosmos3PipelineConfig``).
 
 Generation options are the native image and video routes' (the table in
-:mod:`sglang_omni.engines.generation_options`, checked by its ``check_option_value``); they may
+:mod:`sglang_omni.contract.generation_options`, checked by its ``check_option_value``); they may
 also come inside ``extra_params``/``extra_body`` (an object or its JSON text), as native
-accepts. The action route's body is the native action route's; its rules live in
-:mod:`sglang_omni.models.cosmos3.action_request` and run in the route. The image edit route
-and the video and action routes also read forms (``serve.body_formats``): an upload arrives
-here as a ``data:`` URL in its field.
+accepts. The action route's body is the native action route's; its rules are the served
+model's (``contract.model.ServedModel.check_action_request``) and run in the route. The image
+edit route and the video and action routes also read forms (``serve.body_formats``): an upload
+arrives here as a ``data:`` URL in its field.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, create_model
 
-from sglang_omni.engines.generation_options import OPTIONS, POSITIVE, check_option_value
+from sglang_omni.contract.generation_options import OPTIONS, POSITIVE, check_option_value
 from sglang_omni.media.encode import X264_PRESETS
 from sglang_omni.serve.schemas.fields import STRING, Checked, WireModel, checked, documented
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_omni.engines.actions import MODEL_ACTION_DIM
+from sglang_omni.contract.actions import MODEL_ACTION_DIM
 from sglang_omni.errors import BadRequest
 from sglang_omni.media.encode import check_x264_preset
 from sglang_omni.media.refs import GENERATION_MEDIA_KEYS

@@ -18,7 +18,7 @@ Frames = list[bytes | bytearray]
 
 @dataclass(frozen=True)
 class StageResult:
-    """A stage's answer. ``payload`` is one of the result payloads of ``engines.payloads`` for
+    """A stage's answer. ``payload`` is one of the result payloads of ``contract.payloads`` for
     the built-in engines; media bytes are in ``frames``.
 
     ``engine_s``: seconds the engine spent on it (stage-measured; 0 until the stage handle has
@@ -28,7 +28,7 @@ class StageResult:
     when the dispatch was not run (the deadline plan no longer allows the generation); payload
     and frames are then empty, and the adapter should tell the Reasoner ``receipt`` and ask for
     the final answer. ``later``: set (in the server process) when this is an early result
-    (``engines.base.EARLY_RESULT``): the job goes on, and ``later`` gives its final result;
+    (``contract.job.EARLY_RESULT``): the job goes on, and ``later`` gives its final result;
     whoever receives it awaits or cancels it.
     """
 

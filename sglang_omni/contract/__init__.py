@@ -1,0 +1,16 @@
+"""The stage contract every layer may import: what crosses between the server and a stage, and
+what the server asks of a model.
+
+* ``job``: the ``Job`` an engine runs, the ``Engine`` interface every backend implements, the
+  ``EngineSpec`` a stage builds its engine from, and the span and chunk constants.
+* ``result``: ``StageResult``, a stage's answer, and ``Frames``.
+* ``payloads``: the payloads the built-in reasoner and generation engines speak, by role.
+* ``generation_options``: ``stage_params.generation``, the options a generation accepts.
+* ``actions``: the native action route's fields and checks, as an engine sees them.
+* ``model``: the ``ServedModel`` interface a model package provides (its limits, defaults and
+  action request handling), which the HTTP layer asks of the configured pipeline.
+* ``random_weights``: the note a checkpoint builder leaves in a random-weight checkpoint.
+
+It imports only ``errors``, ``media`` and ``config``; engines, the runtime, the pipeline, the
+model packages and the HTTP layer all sit above it.
+"""

@@ -1,0 +1,147 @@
+"""The job and engine interface: what a stage process hands its engine, and what every backend
+implements (``engines/`` holds the backends and ``engines.base.build_engine``).
+
+A stage process holds one engine and no request state. For each request it builds a ``Job`` and
+awaits ``engine.run(job)``. An abort sets ``job.cancelled`` and cancels the task running the job,
+so an engine stops either at its next ``await`` or, for blocking compute in a thread, at its
+next check of ``job.cancelled``.
+
+Liveness comes from progress: an engine calls ``job.progress()`` (from any thread, as often as it
+likes; the stage sends at most a few a second) at each sign of life inside a job — a denoising
+step, a decoded token batch, a model call's return. A chunk it emits counts as progress too. A
+stage holding a job that shows none for its ``progress_timeout_s`` is taken for hung and is
+killed and restarted (``runtime.supervisor``).
+
+Payloads by role are typed in ``contract.payloads`` (``ReasonerPayload``, ``GenerationPayload``
+and their results and chunks); an engine answers with ``contract.result.StageResult``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sglang_omni.contract.result import Frames, StageResult
+from sglang_omni.errors import BadRequest
+
+FRAME_SCHEME = "omni-frame://"
+#: The spans an engine may report for a job (``Job.timed``): the Reasoner's media preparation,
+#: prefill and decode; a generation's denoising, VAE decode and media encoding.
+ENGINE_SPANS = ("media", "prefill", "decode", "denoise", "vae_decode", "encode")
+#: A chunk ``{EARLY_RESULT: payload}`` (its frames beside it) is a job's early result: what the
+#: next dispatch may use at once, before the job's final result (see ``Job.send_early``).
+EARLY_RESULT = "early_result"
+#: The key under which the stage handle hands a chunk's frames to its callback.
+CHUNK_FRAMES = "frames"
+#: Native chat request fields Omni sets from the request itself; refused under stage_params.
+OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
+
+
+def refuse_omni_owned(where: str, names: Iterable[str]) -> None:
+    """BadRequest for the first of ``names`` (fields under ``where``, e.g.
+    ``stage_params.reasoner.``) that Omni sets itself: the one refusal of
+    :data:`OMNI_OWNED_FIELDS`, at the wire and in the engines."""
+    for name in names:
+        if name in OMNI_OWNED_FIELDS:
+            raise BadRequest(f"{where}{name}: set by Omni from the request; use the top-level "
+                             "field and remove it here")
+
+
+@dataclass
+class Job:
+    """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order;
+    ``progress`` (thread-safe, cheap) says the engine is still moving on this job;
+    ``emit_frames`` (None where the transport carries no frames in chunks) is ``emit`` with
+    frames beside the chunk."""
+
+    rid: str
+    payload: Mapping[str, Any]
+    frames: Frames
+    emit: Callable[[dict[str, Any]], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    progress: Callable[[], None] = field(default=lambda: None)
+    #: Seconds of the job by span (``pipeline.timeline.ENGINE_SPANS``: media, prefill, decode,
+    #: denoise, vae_decode, encode), sent with the result; what no span covers is "engine".
+    spans: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, span: str) -> Iterator[None]:
+        """Add the time of the ``with`` block to ``spans[span]`` (from any one thread)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spans[span] = self.spans.get(span, 0.0) + time.perf_counter() - started
+    emit_frames: Callable[[dict[str, Any], Frames], None] | None = None
+
+    def send_early(self, result: StageResult) -> bool:
+        """Send ``result`` now as this job's early result, with the job's spans so far; the job
+        still returns its final result. False (nothing sent) where the transport takes no early
+        result."""
+        if self.emit_frames is None:
+            return False
+        self.emit_frames({EARLY_RESULT: dict(result.payload), "spans": dict(self.spans)},
+                         list(result.frames))
+        return True
+
+    def frame_for(self, url: str) -> bytes | bytearray | None:
+        """The inline bytes an ``omni-frame://N`` url names, or None for other urls."""
+        if not url.startswith(FRAME_SCHEME):
+            return None
+        return self.frames[int(url[len(FRAME_SCHEME):])]
+
+
+def clean_spans(raw: Any) -> dict[str, float]:
+    """The known spans of a stage's ``spans`` report, as non-negative finite seconds (anything
+    else is dropped: the names become metric labels)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    spans: dict[str, float] = {}
+    for name in ENGINE_SPANS:
+        value = raw.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and 0 <= value < float("inf"):
+            spans[name] = float(value)
+    return spans
+
+
+class Engine(Protocol):
+    """A backend. ``start`` loads the model (before the ready handshake); ``close`` frees it.
+
+    Optional lifecycle hooks (the native backends define them): ``watch()`` completes with a
+    message once the engine can no longer serve (a native scheduler or detokenizer process
+    failed); the stage then reports ``fatal`` and exits. ``stops_server_on_exit = True`` makes
+    the server stop, with a non-zero exit code, whenever this stage process exits. An engine
+    that keeps state of a request across its jobs (the hf Reasoner's context) defines
+    ``end_request(rid)``, which the stage calls when the server says the request ended and when
+    it aborts the request's job, and ``stats()``, a dict of integers sent with every heartbeat
+    answer (``StageHandle.engine_stats``).
+    """
+
+    async def start(self) -> None: ...
+
+    async def run(self, job: Job) -> StageResult: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a stage process needs to build its engine (picklable for spawn)."""
+
+    stage: str
+    role: str
+    backend: str
+    model_path: str | None
+    gpu: int | None
+    gpu_memory_fraction: float | None
+    factory: dict[str, Any]
+    engine: dict[str, Any]
+    media_policy: dict[str, Any] = field(default_factory=dict)
+    #: The pipeline's UMM adapter as an import string "module:Class" (a reasoner serializes
+    #: decisions in its format); None when the pipeline has none (text chat, direct generation).
+    umm_adapter: str | None = None

@@ -1,0 +1,110 @@
+"""A model package outside Omni (``tests.toy_model``) serves through Omni's routes with the
+scripted engines, named by the config's ``model_packages`` alone: its adapter's decision format
+and prompts drive the interleaved request, and its own limits (no side over 512, sides in
+multiples of 32) are the ones the routes apply, where Cosmos3's would take the same sizes."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.kit import error_message, png_size, script
+from tests.server import Server
+
+HERE = Path(__file__).parent
+HTTP = httpx.Client(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def toy_umm() -> Iterator[Server]:
+    server = Server("--config", str(HERE / "toy-umm-scripted.yaml"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def toy_direct() -> Iterator[Server]:
+    server = Server("--config", str(HERE / "toy-direct-scripted.yaml"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_server_info_names_the_toy_pipeline(toy_umm: Server) -> None:
+    info = HTTP.get(f"{toy_umm.url}/server_info").json()
+    assert info["pipeline"] == "ToyUMMPipelineConfig"
+
+
+def test_interleaved_generate_runs_the_toy_adapter(toy_umm: Server) -> None:
+    prompt = script({"action": "image", "prompt": "a toy cube"},
+                    {"action": "final", "text": "saw: {last}"})
+    body = {"prompt": prompt, "stage_params": {"generation": {"width": 96, "height": 64}}}
+    resp = HTTP.post(f"{toy_umm.url}/generate", json=body)
+    assert resp.status_code == 200, resp.text
+    segments = resp.json()["segments"]
+    assert [s["kind"] for s in segments] == ["image", "text"], segments
+    assert png_size(base64.b64decode(segments[0]["data"]["url"].split(",", 1)[1])) == (96, 64)
+    # the toy's own prompts reached its Reasoner, and its decision format came back
+    assert segments[1]["data"] == "saw: Toy turn: 1 toy generation(s) left."
+
+
+def test_interleaved_chat_takes_the_toy_default_size(toy_umm: Server) -> None:
+    prompt = script({"action": "image", "prompt": "a toy ball"}, {"action": "final", "text": "ok"})
+    resp = HTTP.post(f"{toy_umm.url}/v1/chat/completions",
+                     json={"messages": [{"role": "user", "content": prompt}]})
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    assert message["content"] == "ok"
+    segments = message["segments"]
+    assert [s["kind"] for s in segments] == ["image", "text"], segments
+    assert png_size(base64.b64decode(segments[0]["data"]["url"].split(",", 1)[1])) == (256, 256)
+
+
+@pytest.mark.parametrize(("generation", "expected"), [
+    ({"width": 1024, "height": 512}, "over the Toy's largest side of 512"),
+    ({"width": 100, "height": 64}, "needs a multiple of 32, got 100"),
+])
+def test_interleaved_limits_are_the_toy_models(toy_umm: Server, generation: dict,
+                                               expected: str) -> None:
+    body = {"prompt": script({"action": "final", "text": "x"}),
+            "stage_params": {"generation": generation}}
+    resp = HTTP.post(f"{toy_umm.url}/generate", json=body)
+    assert resp.status_code == 400, resp.text
+    assert expected in error_message(resp)
+    assert error_message(resp).startswith("stage_params.generation.width")
+
+
+def test_direct_image_is_made_within_the_toy_limits(toy_direct: Server) -> None:
+    resp = HTTP.post(f"{toy_direct.url}/v1/images/generations",
+                     json={"prompt": "a toy", "size": "64x96"})
+    assert resp.status_code == 200, resp.text
+    assert png_size(base64.b64decode(resp.json()["data"][0]["b64_json"])) == (64, 96)
+
+
+@pytest.mark.parametrize(("size", "expected"), [
+    ("640x640", "width: 640, over the Toy's largest side of 512"),
+    ("48x64", "width: the generation engine needs a multiple of 32, got 48"),
+])
+def test_direct_image_over_the_toy_limits_is_refused(toy_direct: Server, size: str,
+                                                     expected: str) -> None:
+    resp = HTTP.post(f"{toy_direct.url}/v1/images/generations",
+                     json={"prompt": "a toy", "size": size})
+    assert resp.status_code == 400, resp.text
+    assert expected in error_message(resp)
+
+
+def test_the_action_route_asks_the_toy_model(toy_direct: Server) -> None:
+    """The toy model answers no actions: its own refusal, and its metadata lists no mode."""
+    resp = HTTP.post(f"{toy_direct.url}/v1/actions/generations",
+                     json={"prompt": "pick", "domain_name": "toy"})
+    assert resp.status_code == 400, resp.text
+    assert "the Toy model answers no action requests" in error_message(resp)
+    meta = HTTP.get(f"{toy_direct.url}/v1/actions/metadata").json()
+    assert meta["capabilities"]["action_modes"] == []
