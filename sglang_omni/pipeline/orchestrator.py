@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import replace
 from typing import Any, cast
 
+from sglang_omni.aio.race import race
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.engines.generation_options import denoising_steps, positive_int
 from sglang_omni.engines.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
@@ -38,7 +39,6 @@ from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
-from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet, media_settings
@@ -310,10 +310,17 @@ class Orchestrator:
         if doom.error is not None:
             work.close()
             raise doom.error
-        task = await work_unless(work, doom.event)
-        if task.cancelled() and doom.error is not None:
+        try:
+            finish = await race(work, doom.event.wait())
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if doom.error is not None and task is not None and not task.cancelling():
+                raise doom.error from None  # the work was cancelled as the stage died
+            raise
+        if finish.index == 1:
+            assert doom.error is not None
             raise doom.error
-        return task.result()
+        return finish.value
 
     # --- routes ------------------------------------------------------------------------------
     def admit_text_chat(self) -> AdmissionTicket | None:

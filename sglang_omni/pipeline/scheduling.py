@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sglang_omni.aio.race import race
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.pipeline.planner import (
     Admit,
@@ -39,7 +40,6 @@ from sglang_omni.pipeline.planner import (
     TurnEnded,
     TurnStarted,
 )
-from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.umm import DispatchReceipt
 from sglang_omni.runtime.task_errors import log_failure
 
@@ -192,10 +192,16 @@ class PlannedGenerations:
         A result that arrived is returned even if the request failed meanwhile; its next dispatch
         raises the failure.
         """
-        task = await work_unless(work(), state.failed)
-        if task.cancelled() or task.exception() is not None:
+        try:
+            finish = await race(work(), state.failed.wait())
+        except BaseException:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():  # the work failed, not the caller
+                self._raise_if_failed(state)
+            raise
+        if finish.index == 1:
             self._raise_if_failed(state)
-        return task.result()
+        return finish.value
 
     # --- planner events ----------------------------------------------------------------------
     def _apply(self, event: Event) -> None:

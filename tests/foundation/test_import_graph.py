@@ -1,11 +1,11 @@
 """Package layering: imports point one way and packages form no cycle.
 
-Layers, lowest first: errors -> media, config -> engines -> runtime -> pipeline -> models
+Layers, lowest first: errors, aio -> media, config -> engines -> runtime -> pipeline -> models
 -> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers: only the CLI sits
 above it). A module may import its own package or any lower layer. media and config
-share one level and may not import each other (neither needs the other; keeping them apart
-keeps both leaves of the graph). client is a separate top: it may import errors and its own
-modules only.
+share one level and may not import each other, nor may errors and aio (neither needs the
+other; keeping them apart keeps both leaves of the graph). client is a separate top: it may
+import errors and its own modules only.
 
 Every ``import`` and ``from ... import`` counts, including those inside functions; a module
 named by a string passed to ``importlib.import_module`` is a late binding through a table,
@@ -24,6 +24,7 @@ ROOT = "sglang_omni"
 
 LAYER: dict[str, int] = {
     "errors": 0,
+    "aio": 0,
     "media": 1,
     "config": 1,
     "engines": 2,
