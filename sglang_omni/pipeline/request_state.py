@@ -80,13 +80,19 @@ class RequestState:
     def claim(self, rid: str) -> None:
         """Record the request id (claimed from ``RequestIds`` by the owner); the state is
         live from now on, and found by its id."""
+        self._check_open()
         self.rid = rid
         self._owner._register(self)
 
     def take(self, ticket: AdmissionTicket | None) -> None:
         """Record an admission ticket; the state is live from now on."""
+        self._check_open()
         self.ticket = ticket
         self._owner._register(self)
+
+    def _check_open(self) -> None:
+        if self.released:
+            raise RuntimeError("a released request state cannot acquire anything")
 
     def closes(self, stream: S) -> S:
         """``stream``, closed when the request is released (before anything else is; a stream
@@ -125,8 +131,6 @@ class RequestStates:
             await self._end(state)
 
     def _register(self, state: RequestState) -> None:
-        if state.released:
-            raise RuntimeError("a released request state cannot acquire anything")
         self._live.add(state)
         if state.rid is not None:
             self._by_rid[state.rid] = state
