@@ -334,7 +334,7 @@ class Orchestrator:
                 job.cancel()  # its stage call aborts the job
             if state.media is not None:
                 state.media.close()
-            if state.planned and rid is not None:
+            if state.plan is not None and rid is not None:
                 self.scheduler.release(rid)
             if rid is not None and (state.run is not None or state.on_reasoner):
                 self._end_on_reasoners(rid)
@@ -400,13 +400,14 @@ class Orchestrator:
             )
         run = self.controller.open(request)
         try:
-            self.scheduler.admit(request.rid, request.waited_s, self._asked_steps(request))
+            plan = self.scheduler.admit(request.rid, request.waited_s,
+                                        self._asked_steps(request))
         except BaseException as exc:
             run.close()
             if isinstance(exc, ServiceUnavailable):
                 self.observer.refused("plan")
             raise
-        state.run, state.planned = run, True
+        state.run, state.plan = run, plan
         state.doom, state.progress = Doom(), RunProgress()
         state.media = ReasonerMedia(request.rid, self.policy)
         return run

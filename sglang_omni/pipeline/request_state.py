@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sglang_omni.pipeline.chat_admission import AdmissionTicket
     from sglang_omni.pipeline.progress import RunProgress
     from sglang_omni.pipeline.reasoner_media import ReasonerMedia
+    from sglang_omni.pipeline.scheduling import PlanEntry
     from sglang_omni.pipeline.umm import UMMRun
 
 log = logging.getLogger("sglang_omni.request_state")
@@ -64,7 +65,7 @@ class RequestState:
         #: (a dead stage or shutdown), its media as its Reasoner turns send them, and the jobs
         #: still finishing after their early result (a client's MP4 being encoded).
         self.run: UMMRun | None = None
-        self.planned = False
+        self.plan: PlanEntry | None = None
         self.progress: RunProgress | None = None
         self.doom: Doom | None = None
         self.media: ReasonerMedia | None = None
