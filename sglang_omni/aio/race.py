@@ -16,9 +16,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("sglang_omni.aio")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,22 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
     once they all ended."""
     for task in tasks:
         task.cancel()
-    if not tasks:
-        return
-    gathered = asyncio.gather(*tasks, return_exceptions=True)
+    if tasks:
+        await to_the_end(asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """``work``'s result, awaited to its end even if the caller is cancelled meanwhile (the
+    caller's cancellation is raised once it ended): cleanup is never left half done."""
+    task = asyncio.ensure_future(work)
     cancelled = False
-    while not gathered.done():
+    while not task.done():
         try:
-            await asyncio.shield(gathered)
+            await asyncio.shield(task)
         except asyncio.CancelledError:
-            cancelled = True  # the tasks are cancelled already: wait for them to end
+            cancelled = True
     if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what it hears
         raise asyncio.CancelledError()
+    return task.result()

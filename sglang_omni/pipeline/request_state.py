@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sglang_omni.aio.race import to_the_end
 from sglang_omni.errors import OmniError
 
 if TYPE_CHECKING:
@@ -140,9 +141,15 @@ class RequestStates:
         if state.released:
             return
         state.released = True
+        cancelled = False
         try:
             for stream in state.streams:
-                await _close(stream)
+                try:
+                    await _close(stream)
+                except asyncio.CancelledError:
+                    cancelled = True  # each stream still closes to its end; raised after
+            if cancelled:
+                raise asyncio.CancelledError()
         finally:
             self._live.discard(state)
             if state.rid is not None and self._by_rid.get(state.rid) is state:
@@ -159,21 +166,6 @@ async def _close(stream: AsyncIterable[Any]) -> None:
         # not yield to the loop (a client that has its answer may already be sending the next
         # request, which must find this one's admission released)
     try:
-        await _shielded(aclose())
+        await to_the_end(aclose())
     except Exception:  # noqa: BLE001 - the release must go on
         log.exception("a request's stream failed as it was closed")
-
-
-async def _shielded(work: Awaitable[None]) -> None:
-    """Await ``work`` to its end even if the caller is cancelled meanwhile (then cancelled
-    afterwards): a release is never left half done."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    task.result()
-    if cancelled:
-        raise asyncio.CancelledError()

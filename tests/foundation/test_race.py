@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sglang_omni.aio.race import Finish, race
+from sglang_omni.aio.race import Finish, race, to_the_end
 
 
 def _run_checking_unretrieved(scenario: Any) -> Any:
@@ -140,3 +140,20 @@ def test_ties_go_to_the_first_in_call_order() -> None:
         return await race(now(1), now(2))
 
     assert _run_checking_unretrieved(scenario) == Finish(0, 1)
+
+
+def test_to_the_end_finishes_its_work_when_the_caller_is_cancelled_then_raises() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        finished = asyncio.Event()
+
+        async def cleanup() -> None:
+            await asyncio.sleep(0.01)
+            finished.set()
+
+        caller = asyncio.ensure_future(to_the_end(cleanup()))
+        await asyncio.sleep(0)
+        caller.cancel()
+        result = await asyncio.gather(caller, return_exceptions=True)
+        return finished.is_set(), isinstance(result[0], asyncio.CancelledError)
+
+    assert _run_checking_unretrieved(scenario) == (True, True)
