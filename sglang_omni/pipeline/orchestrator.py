@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any, cast
 
@@ -305,7 +304,7 @@ class Orchestrator:
         return finish.value
 
     # --- requests ----------------------------------------------------------------------------
-    def request(self) -> AbstractAsyncContextManager[RequestState]:
+    def request(self) -> RequestState:
         """A new request's state: ``async with`` it around everything the request does (the
         HTTP layer: the route and its response); its exit is the request's one release."""
         return self.states.hold()

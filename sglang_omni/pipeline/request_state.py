@@ -1,6 +1,6 @@
 """One state per request: everything a request holds in the server, released in one place.
 
-A :class:`RequestState` is opened by :meth:`RequestStates.hold`, an async context manager whose
+A :class:`RequestState` (from :meth:`RequestStates.hold`) is an async context manager whose
 exit is the request's only release: the HTTP layer enters it around the whole exchange (the
 route and its response, a stream included), so however the request ends (answered, refused,
 failed, its client gone, its task cancelled at shutdown) the exit runs once, on the event loop.
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sglang_omni.aio.race import to_the_end
@@ -79,6 +78,12 @@ class RequestState:
         self.streams: list[AsyncIterable[Any]] = []
         self.released = False
 
+    async def __aenter__(self) -> RequestState:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._owner._end(self)
+
     def claim(self, rid: str) -> None:
         """Record the request id (claimed from ``RequestIds`` by the owner); the state is
         live from now on, and found by its id."""
@@ -123,14 +128,10 @@ class RequestStates:
     def get(self, rid: str) -> RequestState | None:
         return self._by_rid.get(rid)
 
-    @asynccontextmanager
-    async def hold(self) -> AsyncIterator[RequestState]:
-        """A new request's state; the exit is its one release (see the module docstring)."""
-        state = RequestState(self)
-        try:
-            yield state
-        finally:
-            await self._end(state)
+    def hold(self) -> RequestState:
+        """A new request's state, to ``async with``: the exit is its one release (see the
+        module docstring)."""
+        return RequestState(self)
 
     def _register(self, state: RequestState) -> None:
         self._live.add(state)
