@@ -38,6 +38,25 @@ def job_counts(server: Server) -> dict[tuple[str, str], float]:
     return out
 
 
+def request_states(server: Server) -> float:
+    """``sgl_omni_request_states``: the request states live in the server's orchestrator."""
+    for line in _METRICS.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith("sgl_omni_request_states "):
+            return float(line.split()[1])
+    raise AssertionError("no sgl_omni_request_states gauge in /metrics")
+
+
+def no_request_states(server: Server, timeout: float = 10.0) -> str | None:
+    """None once the server holds no request state (each is released when its response
+    ended, a moment after the client read it), else what is left after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (live := request_states(server)) != 0:
+        if time.monotonic() > deadline:
+            return f"{live:g} request state(s) still live {timeout:g} s after every request ended"
+        time.sleep(0.05)
+    return None
+
+
 def metric(server: Server, stage: str, outcome: str, default: float | None = None) -> float:
     """The ``sgl_omni_stage_jobs_total`` counter of ``stage``/``outcome``; ``default`` when
     ``/metrics`` has none (AssertionError when ``default`` is None)."""

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import replace
 from typing import Any, cast
 
+from sglang_omni.aio.race import race
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.contract.generation_options import denoising_steps, positive_int
 from sglang_omni.contract.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
@@ -33,22 +34,20 @@ from sglang_omni.errors import (
 )
 from sglang_omni.media import MediaPolicy
 from sglang_omni.media.settings import policy_from_spec
-from sglang_omni.pipeline.chat_admission import AdmissionTicket, ChatAdmission
+from sglang_omni.pipeline.chat_admission import ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
 from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
-from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
+from sglang_omni.pipeline.request_state import Doom, RequestState, RequestStates
 from sglang_omni.pipeline.scheduling import PlannedGenerations
 from sglang_omni.pipeline.stages import StageSet, media_settings
 from sglang_omni.pipeline.streams import stream_call
 from sglang_omni.pipeline.timeline import dispatch_spans
 from sglang_omni.pipeline.umm import (
-    Complete,
     DispatchReceipt,
     Limits,
-    Segment,
     UMMController,
     UMMPipelineConfig,
     UMMRequest,
@@ -58,20 +57,6 @@ from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.runtime.stage_handle import StageHandle
 
 log = logging.getLogger("sglang_omni.orchestrator")
-
-
-class _Doom:
-    """Set when a stage an admitted request depends on died, or the server ended it at
-    shutdown; its dispatches then fail with ``error``."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-        self.error: OmniError | None = None
-
-    def fail(self, error: OmniError) -> None:
-        if self.error is None:
-            self.error = error
-            self.event.set()
 
 
 def media_policy(config: ResolvedConfig) -> MediaPolicy:
@@ -96,18 +81,9 @@ class Orchestrator:
         self.policy = media_policy(config)
         self.stages = StageSet(config, log_level, log_format)
         self.ids = RequestIds()
-        self.active: set[str] = set()
-        self._doom: dict[str, _Doom] = {}
-        #: Each admitted interleaved request's turns and generations (its progress events).
-        self.progress: dict[str, RunProgress] = {}
-        #: Admitted interleaved runs by request id (their bytes retained, for metrics).
-        self.runs: dict[str, UMMRun] = {}
-        #: Each admitted interleaved request's media as its Reasoner turns send them (each item
-        #: crosses to the Reasoner stage once per request).
-        self.reasoner_media: dict[str, ReasonerMedia] = {}
-        #: The jobs still finishing after their early result (a client's MP4 being encoded),
-        #: by request id; cancelled when the request ends.
-        self.later: dict[str, set[asyncio.Task[StageResult]]] = {}
+        #: Every request's state (``pipeline.request_state``): opened by :meth:`request`,
+        #: released by :meth:`_release` when its ``async with`` ends, and only then.
+        self.states = RequestStates(self._release)
         #: Told about turn and generation times and admission refusals (the server's metrics).
         self.observer: PipelineObserver = NoObserver()
         #: True from construction until every stage answered ready once (``/health`` then says
@@ -171,9 +147,10 @@ class Orchestrator:
             return ShuttingDown()
 
         calls = sum(h.end_calls(shutting_down) for h in self.stages.handles.values())
-        if calls or self._doom:
+        admitted = self.admitted
+        if calls or admitted:
             log.warning("shutting down: ending %d stage call(s) and %d interleaved request(s) "
-                        "still running with 503", calls, len(self._doom))
+                        "still running with 503", calls, admitted)
         self._fail_admitted(shutting_down)
 
     @property
@@ -225,9 +202,12 @@ class Orchestrator:
     def _fail_admitted(self, error_of: Callable[[str], OmniError]) -> list[str]:
         """Fail every admitted interleaved request with ``error_of(rid)`` (its dispatch in
         progress is cancelled, its next one raises); the ids of those not failed before."""
-        failed = [rid for rid, doom in self._doom.items() if doom.error is None]
-        for rid, doom in self._doom.items():
-            doom.fail(error_of(rid))
+        failed = []
+        for state in self.states:
+            if state.doom is not None and state.rid is not None:
+                if state.doom.error is None:
+                    failed.append(state.rid)
+                state.doom.fail(error_of(state.rid))
         return failed
 
     def check_healthy(self) -> None:
@@ -254,7 +234,9 @@ class Orchestrator:
         """Run a controller dispatch; generations go through the planned queue. Fails with
         StageDied as soon as any stage dies while the request is admitted."""
         handle = self.stages[stage]
-        progress = self.progress.get(rid) or RunProgress()
+        state = self.states.get(rid)
+        progress = (state.progress if state is not None else None) or RunProgress()
+        later = state.later if state is not None else set()
         observer = self.observer
         called = time.monotonic()
 
@@ -278,18 +260,17 @@ class Orchestrator:
                     on_progress(chunk)
 
                 started = time.monotonic()
-                result = await call_until_early(handle, rid, payload, frames, on_chunk,
-                                                self.later.setdefault(rid, set()))
+                result = await call_until_early(handle, rid, payload, frames, on_chunk, later)
                 observer.generation(modality, time.monotonic() - started)
                 return timed(result, started)
 
             planned = await self._unless_doomed(
-                rid, self.scheduler.generation(rid, modality, run, lambda: ran_steps))
+                state, self.scheduler.generation(rid, modality, run, lambda: ran_steps))
             if isinstance(planned, DispatchReceipt):  # not run: the adapter hears why
                 return StageResult({}, [], stage=stage, receipt=planned.message)
             return planned
         else:
-            media = self.reasoner_media.get(rid)
+            media = state.media if state is not None else None
 
             async def run() -> StageResult:
                 progress.turn_started()
@@ -304,38 +285,89 @@ class Orchestrator:
                 return timed(result, started)
 
             work = self.scheduler.reasoner_turn(rid, run)
-        result: StageResult = await self._unless_doomed(rid, work)
+        result: StageResult = await self._unless_doomed(state, work)
         return result
 
-    async def _unless_doomed(self, rid: str, work: Any) -> Any:
+    async def _unless_doomed(self, state: RequestState | None, work: Any) -> Any:
         """Await ``work`` unless a stage dies first; then cancel it and raise StageDied."""
-        doom = self._doom.get(rid)
+        doom = state.doom if state is not None else None
         if doom is None:
             return await work
         if doom.error is not None:
             work.close()
             raise doom.error
-        task = await work_unless(work, doom.event)
-        if task.cancelled() and doom.error is not None:
+        try:
+            finish = await race(work, doom.event.wait())
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if doom.error is not None and task is not None and not task.cancelling():
+                raise doom.error from None  # the work was cancelled as the stage died
+            raise
+        if finish.index == 1:
+            assert doom.error is not None
             raise doom.error
-        return task.result()
+        return finish.value
 
-    # --- routes ------------------------------------------------------------------------------
-    def admit_text_chat(self) -> AdmissionTicket | None:
-        """Admit a text-only chat request (503 beyond the native limits' sum); the caller
-        releases the ticket when the request ends."""
+    # --- requests ----------------------------------------------------------------------------
+    def request(self) -> RequestState:
+        """A new request's state: ``async with`` it around everything the request does (the
+        HTTP layer: the route and its response); its exit is the request's one release."""
+        return self.states.hold()
+
+    @property
+    def admitted(self) -> int:
+        """Interleaved requests admitted and not yet released (at most ``max_active``)."""
+        return sum(1 for state in self.states if state.run is not None)
+
+    def claim(self, state: RequestState, client_rid: object = None) -> str:
+        """Claim the request id (``client_rid``, or a fresh one; 400 when it is taken) for
+        ``state``; it ends with the state's release (set ``state.refused`` when the request was
+        refused before any work: the id is free again)."""
+        rid = self.ids.claim(client_rid)
+        state.claim(rid)
+        return rid
+
+    def _release(self, state: RequestState) -> None:
+        """Undo what ``state`` holds (``RequestStates`` calls it once, when the request's
+        ``async with`` ends; its streams are closed by then)."""
+        rid = state.rid
+        try:
+            if state.run is not None:
+                state.run.close()
+            for job in state.later:
+                job.cancel()  # its stage call aborts the job
+            if state.media is not None:
+                state.media.close()
+            if state.plan is not None and rid is not None:
+                self.scheduler.release(rid)
+            if rid is not None and (state.run is not None or state.on_reasoner):
+                self._end_on_reasoners(rid)
+        finally:
+            if state.ticket is not None:
+                state.ticket.release()
+            if rid is not None:
+                if state.refused:
+                    self.ids.forget(rid)  # the client may retry with the same rid
+                else:
+                    self.ids.finish(rid)  # the rid stays taken for a while
+
+    def admit_text_chat(self, state: RequestState) -> None:
+        """Admit a text-only chat request (503 beyond the native limits' sum); its ticket is
+        ``state``'s, released with it."""
         self.check_healthy()
         if self.chat_admission is None:
-            return None
+            return
         try:
-            return self.chat_admission.enter()
+            state.take(self.chat_admission.enter())
         except ServiceUnavailable:
             self.observer.refused("chat_queue")
             raise
 
-    async def text_chat(self, rid: str, req: ChatRequest
+    async def text_chat(self, state: RequestState, req: ChatRequest
                         ) -> AsyncGenerator[dict[str, Any] | StageResult, None]:
-        """One Reasoner completion: yields ``{"text": delta}`` chunks, then the StageResult."""
+        """One Reasoner completion of the claimed request ``state``: yields ``{"text": delta}``
+        chunks, then the StageResult."""
+        assert state.rid is not None
         self.check_healthy()
         payload: ReasonerPayload = {
             "messages": req.messages,
@@ -349,11 +381,9 @@ class Orchestrator:
             "options": cast(ReasonerOptions, {k: req.extra[k] for k in REASONER_OPTION_FIELDS
                                               if k in req.extra}),
         }
-        try:
-            async for item in stream_call(self.stages["reasoner"], rid, payload):
-                yield item
-        finally:
-            self._end_on_reasoners(rid)
+        state.on_reasoner = True  # the stages release its context when the state is released
+        async for item in stream_call(self.stages["reasoner"], state.rid, payload):
+            yield item
 
     def _end_on_reasoners(self, rid: str) -> None:
         """Tell the Reasoner stages ``rid`` ended (they release its context)."""
@@ -361,15 +391,13 @@ class Orchestrator:
             if handle.spec.role == "reasoner":
                 handle.end_request(rid)
 
-    def open_interleaved(self, request: UMMRequest) -> UMMRun:
-        """Check and admit an interleaved request (400 or 503 before any model work).
-
-        The caller must iterate ``run.events()`` through ``interleaved_events`` or call
-        ``release(rid)``.
-        """
-        assert self.controller is not None
+    def open_interleaved(self, state: RequestState, request: UMMRequest) -> UMMRun:
+        """Check and admit the interleaved request of the claimed ``state`` (400 or 503
+        before any model work); the run, its plan, progress and media are ``state``'s,
+        released with it. Iterate ``run.events()`` (through ``state.closes``) to drive it."""
+        assert self.controller is not None and state.rid == request.rid
         self.check_healthy()
-        if len(self.active) >= self.max_active:
+        if self.admitted >= self.max_active:
             self.observer.refused("max_active")
             raise ServiceUnavailable(
                 f"the server is at stages.orchestrator.factory.max_active ({self.max_active}) "
@@ -377,17 +405,16 @@ class Orchestrator:
             )
         run = self.controller.open(request)
         try:
-            self.scheduler.admit(request.rid, request.waited_s, self._asked_steps(request))
+            plan = self.scheduler.admit(request.rid, request.waited_s,
+                                        self._asked_steps(request))
         except BaseException as exc:
             run.close()
             if isinstance(exc, ServiceUnavailable):
                 self.observer.refused("plan")
             raise
-        self.active.add(request.rid)
-        self._doom[request.rid] = _Doom()
-        self.progress[request.rid] = RunProgress()
-        self.runs[request.rid] = run
-        self.reasoner_media[request.rid] = ReasonerMedia(request.rid, self.policy)
+        state.run, state.plan = run, plan
+        state.doom, state.progress = Doom(), RunProgress()
+        state.media = ReasonerMedia(request.rid, self.policy)
         return run
 
     def _asked_steps(self, request: UMMRequest) -> int | None:
@@ -397,36 +424,3 @@ class Orchestrator:
             if handle.spec.role == "generation":
                 return denoising_steps(request.stage_params.get(name))
         return None
-
-    def release(self, rid: str) -> None:
-        self.active.discard(rid)
-        self.ids.finish(rid)  # the rid stays taken for a while (RequestIds.window_s)
-        self._doom.pop(rid, None)
-        self.progress.pop(rid, None)
-        self.runs.pop(rid, None)
-        media = self.reasoner_media.pop(rid, None)
-        if media is not None:
-            media.close()
-        for job in self.later.pop(rid, set()):
-            job.cancel()  # its stage call aborts the job
-        if self.controller is not None:
-            self.scheduler.release(rid)
-        self._end_on_reasoners(rid)
-
-    def end_interleaved(self, run: UMMRun) -> None:
-        """Close an admitted run and release its admission; idempotent. The HTTP layer calls
-        it when the response ends, since a client gone before ``interleaved_events`` first ran
-        leaves that iterator unstarted (closing it then runs none of its cleanup)."""
-        if run.request.rid not in self.active:
-            return
-        run.close()
-        self.release(run.request.rid)
-
-    async def interleaved_events(self, run: UMMRun
-                                 ) -> AsyncGenerator[Segment | Complete, None]:
-        """Drive an admitted run; releases its admission when the iterator ends."""
-        try:
-            async for event in run.events():
-                yield event
-        finally:
-            self.end_interleaved(run)

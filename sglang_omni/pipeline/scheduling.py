@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sglang_omni.aio.race import race
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.pipeline.planner import (
     Admit,
@@ -39,7 +40,6 @@ from sglang_omni.pipeline.planner import (
     TurnEnded,
     TurnStarted,
 )
-from sglang_omni.pipeline.racing import work_unless
 from sglang_omni.pipeline.umm import DispatchReceipt
 from sglang_omni.runtime.task_errors import log_failure
 
@@ -48,7 +48,10 @@ T = TypeVar("T")
 TICK_S = 0.25
 
 
-class _Request:
+class PlanEntry:
+    """A request's place in the generation queue (its ``RequestState.plan``); the scheduler
+    finds it by request id, since the planner names requests by id."""
+
     def __init__(self) -> None:
         self.after_turn = False  # the last dispatch was a Reasoner turn
         self.failure: ServiceUnavailable | None = None
@@ -69,21 +72,24 @@ class PlannedGenerations:
         self.clock = clock
         self.planner = GenerationPlanner(
             PlannerConfig(timeout_s=timeout_s, max_generations=max_generations), clock)
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[str, PlanEntry] = {}
         self._ticker: asyncio.Task | None = None
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def admit(self, rid: str, waited_s: float = 0.0, steps: int | None = None) -> None:
+    def admit(self, rid: str, waited_s: float = 0.0, steps: int | None = None) -> PlanEntry:
         """Plan a new request, of ``steps`` denoising steps a generation (None: the engine's
         default), that already waited ``waited_s`` before it reached this server (see
-        :class:`Admit`); ServiceUnavailable when the planner refuses it."""
+        :class:`Admit`); its entry, until :meth:`release`. ServiceUnavailable when the planner
+        refuses it."""
         update = self.planner.handle(Admit(rid, waited_s, steps))
+        entry = PlanEntry()
         if update.refused is None:
-            self.requests[rid] = _Request()
+            self.requests[rid] = entry
         self._act(update)
         if update.refused is not None:
             raise ServiceUnavailable(update.refused)
+        return entry
 
     def release(self, rid: str) -> None:
         """Drop the request from the plan. While its generation is still on the stage (an
@@ -183,20 +189,26 @@ class PlannedGenerations:
         return result
 
     @staticmethod
-    def _raise_if_failed(state: _Request) -> None:
+    def _raise_if_failed(state: PlanEntry) -> None:
         if state.failure is not None:
             raise state.failure
 
-    async def _unless_failed(self, state: _Request, work: Callable[[], Awaitable[T]]) -> T:
+    async def _unless_failed(self, state: PlanEntry, work: Callable[[], Awaitable[T]]) -> T:
         """Await ``work()`` unless the plan fails the request first (then cancel it, raise 503).
 
         A result that arrived is returned even if the request failed meanwhile; its next dispatch
         raises the failure.
         """
-        task = await work_unless(work(), state.failed)
-        if task.cancelled() or task.exception() is not None:
+        try:
+            finish = await race(work(), state.failed.wait())
+        except BaseException:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():  # the work failed, not the caller
+                self._raise_if_failed(state)
+            raise
+        if finish.index == 1:
             self._raise_if_failed(state)
-        return task.result()
+        return finish.value
 
     # --- planner events ----------------------------------------------------------------------
     def _apply(self, event: Event) -> None:

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from sglang_omni.aio.race import race
 from sglang_omni.config.schema import PROCESS_FACTORY
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.result import Frames
@@ -202,17 +203,11 @@ class _StageServer:
         if watch is None:
             await self.stopping.wait()
             return None
-        stop = asyncio.ensure_future(self.stopping.wait())
-        failure = asyncio.ensure_future(watch())
-        await asyncio.wait({stop, failure}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stop, failure):
-            task.cancel()
-        await asyncio.gather(stop, failure, return_exceptions=True)
-        if failure.cancelled():
-            return None
-        if failure.exception() is not None:
-            return f"the engine's watch failed: {failure.exception()!r}"
-        return str(failure.result())
+        try:
+            finish = await race(self.stopping.wait(), watch())
+        except Exception as exc:  # noqa: BLE001 - the watch's failure is the engine's failure
+            return f"the engine's watch failed: {exc!r}"
+        return None if finish.index == 0 else str(finish.value)
 
     def _stop_children(self) -> None:
         for child in self.children:

@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
+from sglang_omni.aio.race import race
+
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -137,16 +139,10 @@ def websocket_receiver(inbound: asyncio.Queue[Message]) -> Callable[[asyncio.Eve
         async def receive() -> Message:
             if gone.is_set() and inbound.empty():
                 return {"type": "websocket.disconnect", "code": 1006}
-            getter = asyncio.ensure_future(inbound.get())
-            waiter = asyncio.ensure_future(gone.wait())
-            try:
-                await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                return getter.result()
+            finish = await race(inbound.get(), gone.wait())
+            if finish.index == 0:
+                message: Message = finish.value
+                return message
             return {"type": "websocket.disconnect", "code": 1006}
         return receive
     return receiver
@@ -207,15 +203,10 @@ async def _next(queue: asyncio.Queue[Message], task: asyncio.Future[None]) -> Me
     marker may not fit a full queue, so the app's end also counts)."""
     if not queue.empty():
         return queue.get_nowait()
-    getter = asyncio.ensure_future(queue.get())
-    waits: set[asyncio.Future[Any]] = {getter, task}
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not getter.done():
-            getter.cancel()
-    if getter.done() and not getter.cancelled():
-        return getter.result()
+    finish = await race(queue.get(), asyncio.wait({task}))  # the app runs on if it loses
+    if finish.index == 0:
+        message: Message = finish.value
+        return message
     return queue.get_nowait() if not queue.empty() else _END
 
 

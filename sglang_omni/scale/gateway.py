@@ -66,6 +66,7 @@ from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.datastructures import QueryParams
 
+from sglang_omni.aio.race import race
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import (
     BadRequest,
@@ -243,17 +244,7 @@ class OmniGateway:
             answer = self._metrics_everywhere(request, send)
         else:
             answer = self._relay(scope, request, send, arrived_at, rid)
-        relay = asyncio.ensure_future(answer)
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (relay, watch):
-                task.cancel()
-            results = await asyncio.gather(relay, watch, return_exceptions=True)
-        error = results[0]
-        if isinstance(error, BaseException) and not isinstance(error, asyncio.CancelledError):
-            raise error
+        await race(answer, _disconnected(receive))  # the relay's failure is raised
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Relay one WebSocket session to one replica (see the module docstring)."""

@@ -36,6 +36,7 @@ from sglang_omni.serve.metrics import ServerMetrics
 from sglang_omni.serve.mode_routes import ModeRoutes
 from sglang_omni.serve.playground_routes import playground_router
 from sglang_omni.serve.request_log import RequestRecorder
+from sglang_omni.serve.request_states import HoldRequestStates
 from sglang_omni.serve.responses import json_response
 from sglang_omni.serve.schemas.responses import Health, ModelList
 from sglang_omni.serve.typed_route import OmniRoute
@@ -121,6 +122,8 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     orchestrator.observer = server_metrics
     app.state.metrics = server_metrics
     server_metrics.watch_body_budget(app.state.body_budget)
+    # each request's state spans its whole exchange; its exit is the request's one release
+    app.add_middleware(HoldRequestStates, orchestrator=orchestrator)
     app.add_middleware(RequestRecorder, sink=server_metrics,  # outermost: every request
                        log_polls=log_polls)
     registry = server_metrics.registry

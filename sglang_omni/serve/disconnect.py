@@ -8,6 +8,8 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
+from sglang_omni.aio.race import race
+
 T = TypeVar("T")
 
 
@@ -16,17 +18,16 @@ class ClientDisconnected(Exception):
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.1) -> T:
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                raise ClientDisconnected()
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    """``work``'s result; ClientDisconnected (``work`` cancelled and awaited) when the client
+    leaves first."""
+    finish = await race(work, _gone(request, poll_s))
+    if finish.index == 1:
+        raise ClientDisconnected()
+    result: T = finish.value
+    return result
+
+
+async def _gone(request: Request, poll_s: float) -> None:
+    """Returns once the client closed the connection (checked every ``poll_s``)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)

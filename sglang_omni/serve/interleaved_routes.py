@@ -1,20 +1,19 @@
 """The interleaved pipeline (``Cosmos3UMMPipelineConfig``): ``/v1/chat/completions`` and
 ``/generate``, each streaming (SSE) or not.
 
-A request is checked (400), admitted by the deadline plan (503) and only then run; a run ends
-when its response ends or its client leaves (``Orchestrator.end_interleaved``, on the event
-loop).
+A request is checked (400), admitted by the deadline plan (503) and only then run. Its rid,
+run, plan, progress and media are its request state's (``serve.request_states``), released when
+its response ends or its client leaves, on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
-from starlette.background import BackgroundTask
 
 from sglang_omni.contract.model import served_model
 from sglang_omni.errors import BadRequest
@@ -23,6 +22,7 @@ from sglang_omni.media.admission import admit_media
 from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
+from sglang_omni.pipeline.request_state import RequestState
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
 from sglang_omni.serve.chat_request import parse_chat_request, set_fields
 from sglang_omni.serve.disconnect import ClientDisconnected, until_disconnect
@@ -31,6 +31,7 @@ from sglang_omni.serve.generate_request import parse_generate_request
 from sglang_omni.serve.http_errors import CLIENT_CLOSED_REQUEST
 from sglang_omni.serve.mode_routes import ModeRoutes, check_model
 from sglang_omni.serve.request_log import note_rid, note_run
+from sglang_omni.serve.request_states import request_state
 from sglang_omni.serve.responses import json_response, json_response_off_loop
 from sglang_omni.serve.schemas.chat import ChatCompletionRequest, GenerateRequest
 from sglang_omni.serve.schemas.responses import (
@@ -57,49 +58,46 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     backend = generation.factory.get("backend") if generation else None
     multiple = model.size_multiple(backend)
 
-    async def open_run(request: Request, rid: str, req: ChatRequest) -> UMMRun:
+    async def open_run(request: Request, state: RequestState, req: ChatRequest) -> UMMRun:
         """Check the generation limits, measure the history off the event loop, open the run
-        (400/503 before any model work; the deadline counts from the request's arrival at a
-        fleet gateway, when one forwarded it). The rid is claimed: refused, it is free again;
-        admitted, it ends with the run."""
+        of the claimed ``state`` (400/503 before any model work; the deadline counts from the
+        request's arrival at a fleet gateway, when one forwarded it). Refused, its rid is free
+        again."""
+        assert state.rid is not None
         try:
             model.check_generation_limits(req.stage_params.get("generation") or {},
                                           config.server, where="stage_params.generation.",
                                           feeds_reasoner=True, backend=backend,
                                           multiple=multiple)
             history_size = await asyncio.to_thread(history_bytes, req.messages)
-            run = orchestrator.open_interleaved(UMMRequest(
-                rid=rid, messages=req.messages, sampling=req.sampling,
+            run = orchestrator.open_interleaved(state, UMMRequest(
+                rid=state.rid, messages=req.messages, sampling=req.sampling,
                 stage_params=req.stage_params, stage_sampling=req.stage_sampling,
                 response_format=req.response_format, media_policy=orchestrator.policy,
                 history_size=history_size, waited_s=waited_s(request.scope)))
-            note_run(run)
-            return run
         except BaseException:
-            orchestrator.ids.forget(rid)
+            state.refused = True
             raise
+        note_run(run)
+        return run
 
-    async def respond(request: Request, run: UMMRun,
+    async def respond(request: Request, state: RequestState, run: UMMRun,
                       stream_form: Callable[[Events], AsyncIterator[str]] | None,
                       json_form: Callable[[Complete], Any], progress: bool = False) -> Response:
-        events: AsyncGenerator[Any, None] = orchestrator.interleaved_events(run)
+        """Drive ``run``; every iterator read is the state's, closed when it is released."""
+        events: AsyncIterator[Any] = state.closes(run.events())
         if progress:  # subscribed before the first dispatch runs, so no event is missed
-            events = with_progress(events, orchestrator.progress[run.request.rid].subscribe())
+            assert state.progress is not None
+            events = state.closes(with_progress(events, state.progress.subscribe()))
         if stream_form is not None:
-            # An async function: Starlette runs a sync background function in a worker
-            # thread, and the orchestrator's state belongs to the event loop.
-            async def end_run() -> None:
-                orchestrator.end_interleaved(run)
-
-            return sse_response(stream_form(events), config.server.sse_keepalive_s,
-                                background=BackgroundTask(end_run))
+            response = sse_response(state.closes(stream_form(events)),
+                                    config.server.sse_keepalive_s)
+            state.closes(response.body_iterator)
+            return response
         try:
             done = await until_disconnect(request, collect(events))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        finally:
-            await events.aclose()
-            orchestrator.end_interleaved(run)
         # base64 and JSON of up to 17 media segments: off the event loop
         return await json_response_off_loop(lambda: json_form(done))
 
@@ -116,13 +114,14 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         model = req.model or served_name
         if req.extra.get("logprobs") or req.extra.get("return_logprob"):
             raise BadRequest("logprobs: interleaved results carry no logprobs; leave it unset")
-        rid = orchestrator.ids.claim(req.rid)
+        state = request_state(request)
+        rid = orchestrator.claim(state, req.rid)
         note_rid(rid)
-        run = await open_run(request, rid, req)
+        run = await open_run(request, state, req)
         stream_form = (lambda ev: chat_sse(rid, model, req.include_usage, ev)) \
             if req.stream else None
-        return await respond(request, run, stream_form, lambda done: chat_json(rid, model, done),
-                             req.include_progress)
+        return await respond(request, state, run, stream_form,
+                             lambda done: chat_json(rid, model, done), req.include_progress)
 
     @router.post("/generate", responses={
         200: {"model": GenerateResponse, "content": STREAM_DOC}, **MODEL_ERRORS})
@@ -134,10 +133,11 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         await admit_media(check_chat_request(set_fields(body), orchestrator.policy),
                           orchestrator.policy)
         orchestrator.check_healthy()
-        rid = orchestrator.ids.claim(req.rid)
+        state = request_state(request)
+        rid = orchestrator.claim(state, req.rid)
         note_rid(rid)
-        run = await open_run(request, rid, req)
-        return await respond(request, run,
+        run = await open_run(request, state, req)
+        return await respond(request, state, run,
                              (lambda ev: generate_sse(ev, rid)) if req.stream else None,
                              lambda done: generate_json(rid, done), req.include_progress)
 
@@ -145,7 +145,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     async def queue() -> Response:
         """The admission and deadline plan: every running request's phase, allowance and
         planned finish, in generation-stage order, and the planner's measured times."""
-        return json_response({"active": len(orchestrator.active),
+        return json_response({"active": orchestrator.admitted,
                               "max_active": orchestrator.max_active,
                               **orchestrator.scheduler.report()})
 

@@ -120,6 +120,7 @@ class _LiveCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield from self._stages()
+        yield from self._requests()
         yield from self._interleaved()
         yield from self._media()
         yield from self._contexts()
@@ -158,6 +159,13 @@ class _LiveCollector:
         yield restarts
         yield failed
 
+    def _requests(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily("sgl_omni_request_states", "request states live in the "
+                                   "orchestrator (a request id, an admission ticket, a run: "
+                                   "pipeline.request_state); 0 on a server at rest")
+        states.add_metric([], float(self.orchestrator.states.live))
+        yield states
+
     def _interleaved(self) -> Iterator[Metric]:
         orch = self.orchestrator
         if orch.controller is None:
@@ -176,8 +184,9 @@ class _LiveCollector:
                                      labels=["kind"])
         planner = orch.scheduler.planner
         queued.add_metric([], float(sum(1 for p in planner.plan() if p.phase == "queued")))
-        admitted.add_metric([], float(len(orch.active)))
-        retained.add_metric([], float(sum(run.state.retained for run in orch.runs.values())))
+        admitted.add_metric([], float(orch.admitted))
+        retained.add_metric([], float(sum(state.run.state.retained for state in orch.states
+                                          if state.run is not None)))
         times = planner.times
         if times.reasoner_s is not None:
             longest.add_metric(["reasoner"], times.reasoner_s)

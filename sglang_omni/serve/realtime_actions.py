@@ -18,7 +18,6 @@ does not fit is answered with the 503 error, then close 1011.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
+from sglang_omni.aio.race import race
 from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.action_refs import action_media_refs
@@ -75,28 +75,24 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
     that arrive meanwhile wait in ``held.inbox`` (at most :data:`MAX_WAITING`, then reading
     pauses)."""
     rid = ctx.new_rid()
-    work = asyncio.ensure_future(ctx.stage().call(rid, {"modality": "action", "request": body}))
-    listen: asyncio.Future[bytes | None] | None = asyncio.ensure_future(receive(websocket))
-    try:
-        while True:
-            waiting = {work} if listen is None else {work, listen}
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if listen is not None and listen in done:
-                message = listen.result()
-                if message is None:
-                    raise _Left()
-                held.inbox.append(message)
-                held.account()
-                listen = asyncio.ensure_future(receive(websocket)) \
-                    if len(held.inbox) < MAX_WAITING else None
-            if work in done:
-                return work.result()
-    finally:
-        for task in (work, listen):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+    finish = await race(ctx.stage().call(rid, {"modality": "action", "request": body}),
+                        _hold_messages(websocket, held))
+    if finish.index == 1:
+        raise _Left()
+    result: StageResult = finish.value
+    return result
+
+
+async def _hold_messages(websocket: WebSocket, held: _Held) -> None:
+    """Read the messages that arrive while an action runs into ``held.inbox`` (at most
+    :data:`MAX_WAITING`, then reading pauses); returns when the client left."""
+    while len(held.inbox) < MAX_WAITING:
+        message = await receive(websocket)
+        if message is None:
+            return
+        held.inbox.append(message)
+        held.account()
+    await asyncio.Event().wait()  # reading paused until the action ends
 
 
 async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,

@@ -40,6 +40,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
+from sglang_omni.aio.race import race
 from sglang_omni.contract.generation_options import ACTION_OPTION_DEFAULTS, DEFAULT_VIDEO_FRAMES
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.admission import admit_media
@@ -204,27 +205,19 @@ async def _run(ctx: DirectContext, websocket: WebSocket) -> None:
     session = await _init(ctx, websocket)
     if session is None:
         return
-    generate = asyncio.ensure_future(_generate(ctx, websocket, session))
-    listen = asyncio.ensure_future(_listen(websocket, session))
     try:
-        await asyncio.wait({generate, listen}, return_when=asyncio.FIRST_COMPLETED)
-        if generate.done():
-            exc = generate.exception()
-            if isinstance(exc, OmniError):
-                await _error(websocket, f"error during generate loop: {exc.message}", exc)
-            elif exc is not None:
-                log.error("realtime video: unexpected failure", exc_info=exc)
-                error = ServerError(GENERIC_500)
-                await _error(websocket, f"error during generate loop: {error.message}", error)
-            await close(websocket, WS_NORMAL, "session ended")
-        else:
+        finish = await race(_generate(ctx, websocket, session), _listen(websocket, session))
+    except OmniError as exc:
+        await _error(websocket, f"error during generate loop: {exc.message}", exc)
+    except Exception as exc:  # noqa: BLE001 - the session ends with an error message
+        log.error("realtime video: unexpected failure", exc_info=exc)
+        error = ServerError(GENERIC_500)
+        await _error(websocket, f"error during generate loop: {error.message}", error)
+    else:
+        if finish.index == 1:
             log.info("realtime video: the client left; its generation was aborted")
-    finally:
-        for task in (generate, listen):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            return
+    await close(websocket, WS_NORMAL, "session ended")
 
 
 def add_realtime_video_route(router: APIRouter, ctx: DirectContext) -> None:

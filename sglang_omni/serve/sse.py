@@ -21,7 +21,6 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
 from sglang_omni.errors import OmniError, ServerError
@@ -118,8 +117,9 @@ async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> Async
         await end_read_ahead(events, pending)
 
 
-def sse_response(events: AsyncIterator[str], keepalive_s: float,
-                 background: BackgroundTask | None = None) -> StreamingResponse:
-    """The ``text/event-stream`` response for ``events``, with keep-alive comments."""
+def sse_response(events: AsyncIterator[str], keepalive_s: float) -> StreamingResponse:
+    """The ``text/event-stream`` response for ``events``, with keep-alive comments. What the
+    request holds is released by its request state when the response ends
+    (``serve.request_states``), not by the response."""
     return StreamingResponse(with_keepalive(events, keepalive_s), media_type="text/event-stream",
-                             headers=SSE_HEADERS, background=background)
+                             headers=SSE_HEADERS)

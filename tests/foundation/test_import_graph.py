@@ -1,12 +1,13 @@
 """Package layering: imports point one way and packages form no cycle.
 
-Layers, lowest first: errors -> media, config -> contract -> engines -> runtime -> pipeline
+Layers, lowest first: errors, aio -> media, config -> contract -> engines -> runtime -> pipeline
 -> models -> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers: only the
 CLI sits above it). A module may import its own package or any lower layer. media and config
-share one level and may not import each other (neither needs the other; keeping them apart
-keeps both leaves of the graph). contract, the stage contract (jobs, results, payloads,
-generation options, the engine and model interfaces), sits just above them so that every layer
-may import it. client is a separate top: it may import errors and its own modules only.
+share one level and may not import each other, nor may errors and aio (neither needs the other;
+keeping them apart keeps both leaves of the graph). contract, the stage contract (jobs, results,
+payloads, generation options, the engine and model interfaces), sits just above them so that
+every layer may import it. client is a separate top: it may import errors and its own modules
+only.
 
 Some edges that point down are forbidden too (``FORBIDDEN``): serve, the HTTP layer, imports no
 engine and no model package; it reaches the configured model through the ``contract.model``
@@ -30,6 +31,7 @@ ROOT = "sglang_omni"
 
 LAYER: dict[str, int] = {
     "errors": 0,
+    "aio": 0,
     "media": 1,
     "config": 1,
     "contract": 2,

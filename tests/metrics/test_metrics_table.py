@@ -91,7 +91,8 @@ def scrapes(media_host: MediaServer) -> dict[str, Scrape]:
         assert wait_until(lambda: Scrape(umm).value("sgl_omni_media_fetches_total") >= 1
                           and Scrape(umm).value("sgl_omni_media_refusals_total",
                                                 reason="not_found") >= 1
-                          and Scrape(umm).total("sgl_omni_stage_request_media_bytes") == 0,
+                          and Scrape(umm).total("sgl_omni_stage_request_media_bytes") == 0
+                          and Scrape(umm).value("sgl_omni_request_states") == 0,
                           timeout=10)
         out["after"] = Scrape(umm)
     with Server(*SCRIPTED_CHAT, "--reasoner.engine.max_running_requests", "1",
@@ -158,6 +159,11 @@ def _queue(s: dict[str, Scrape]) -> None:
 def _interleaved(s: dict[str, Scrape]) -> None:
     assert s["during"].value("sgl_omni_interleaved_requests") == 2
     assert s["after"].value("sgl_omni_interleaved_requests") == 0
+
+
+def _request_states(s: dict[str, Scrape]) -> None:
+    assert s["during"].value("sgl_omni_request_states") == 2  # the two requests in flight
+    assert s["after"].value("sgl_omni_request_states") == 0
 
 
 def _longest(s: dict[str, Scrape]) -> None:
@@ -279,6 +285,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_request_span_seconds": _spans,
     "sgl_omni_queue_depth": _queue,
     "sgl_omni_interleaved_requests": _interleaved,
+    "sgl_omni_request_states": _request_states,
     "sgl_omni_planner_longest_seconds": _longest,
     "sgl_omni_planner_shortest_seconds": _shortest,
     "sgl_omni_admission_refusals_total": _refusals,

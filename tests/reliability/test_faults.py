@@ -2,7 +2,8 @@
 (a frozen stage) of each stage of the interleaved, text-only chat and direct generation
 servers. Each in-flight request ends within 2 s (plus the stall time for SIGSTOP) with a clear
 error naming the stage, the server's log and ``sgl_omni_stage_failed_requests_total`` count every
-request the fault failed (those waiting for the stage too), the stage restarts (``/health``
+request the fault failed (those waiting for the stage too), every request's state is released
+(``sgl_omni_request_states`` back to 0), the stage restarts (``/health``
 back to 200 "ok" with a new pid), the next request succeeds, no temp file is left, and after a
 graceful stop no process is left.
 
@@ -23,6 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.kit import no_request_states
 from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
 from tests.reliability.kit import (
     TrackedServer,
@@ -203,6 +205,8 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
     left = sorted((Counter(server.temp_files()) - Counter(baseline)).elements())
     if left:
         problems.append(f"temp files left: {left}")
+    if (states := no_request_states(server.server)) is not None:  # each request released
+        problems.append(states)
     assert not problems, f"{sig.name} of the {stage} stage:\n" + "\n".join(
         f"- {p}" for p in problems)
 

@@ -1,6 +1,6 @@
 """1,000 aborted streams and 1,000 completed requests leave no trace: open fds of the server
 and its stages and the server's temp files back to their baseline, server RSS within
-baseline + 50 MB."""
+baseline + 50 MB, no request state left (``sgl_omni_request_states`` 0)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.kit import no_request_states
 from tests.reliability.kit import SMALL, TrackedServer, fds_and_rss, healthy, script
 
 COMPLETED = 1000
@@ -91,6 +92,7 @@ def test_aborted_and_completed_requests_leave_no_trace(umm: TrackedServer) -> No
     print(f"fds {base_fds} -> {fds}, RSS {base_rss / 2**20:.1f} -> {rss / 2**20:.1f} MiB, "
           f"temp files {len(base_temp)} -> {len(temp)}")
     assert healthy(umm.server)
+    assert no_request_states(umm.server) is None  # every request's state was released
     assert failed == [], f"{len(failed)} of {COMPLETED} requests failed, e.g. {failed[:5]}"
     assert aborted == [], f"{len(aborted)} of {ABORTED} streams were refused, e.g. {aborted[:5]}"
     assert fds <= base_fds + FD_SLACK, f"open fds {base_fds} -> {fds}"

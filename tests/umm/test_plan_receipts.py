@@ -70,15 +70,17 @@ async def run_with_plan_at_zero(adapter: type) -> tuple[list[Segment | Complete]
         orchestrator.controller = UMMController(
             adapter, orchestrator.limits, orchestrator._call,
             planned=orchestrator.scheduler.allowance)
-        run = orchestrator.open_interleaved(
-            UMMRequest(rid="toy-plan", messages=[{"role": "user", "content": "a red cube"}]))
-        assert orchestrator.scheduler.allowance("toy-plan") == 8
-        planner = orchestrator.scheduler.planner
-        timeout_s = orchestrator.limits.timeout_s
-        planner.handle(TurnEnded("elsewhere", timeout_s / 4))
-        planner.handle(GenerationFinished("elsewhere", "image", timeout_s * 0.9))
-        assert orchestrator.scheduler.allowance("toy-plan") == 0
-        events = [e async for e in orchestrator.interleaved_events(run)]
+        async with orchestrator.request() as state:
+            rid = orchestrator.claim(state, "toy-plan")
+            run = orchestrator.open_interleaved(
+                state, UMMRequest(rid=rid, messages=[{"role": "user", "content": "a red cube"}]))
+            assert orchestrator.scheduler.allowance("toy-plan") == 8
+            planner = orchestrator.scheduler.planner
+            timeout_s = orchestrator.limits.timeout_s
+            planner.handle(TurnEnded("elsewhere", timeout_s / 4))
+            planner.handle(GenerationFinished("elsewhere", "image", timeout_s * 0.9))
+            assert orchestrator.scheduler.allowance("toy-plan") == 0
+            events = [e async for e in state.closes(run.events())]
         return events, orchestrator
     finally:
         await orchestrator.stop()
@@ -91,7 +93,7 @@ def test_a_generation_the_plan_no_longer_allows_comes_back_as_a_receipt() -> Non
     assert isinstance(text, Segment) and text.kind == "text"
     assert RECEIPT_TEXT[:40] in (text.text or "")  # the Reasoner was told, then it answered
     assert isinstance(done, Complete) and done.finish_reason == "stop"
-    assert not orchestrator.active and not orchestrator.scheduler.requests
+    assert orchestrator.states.live == 0 and not orchestrator.scheduler.requests
 
 
 def test_an_adapter_that_ignores_every_receipt_still_ends() -> None:

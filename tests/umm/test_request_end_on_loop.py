@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -19,29 +20,29 @@ BODY = {"prompt": script(image("a cube"), final("done")), "stream": True,
         "stage_params": {"generation": {"width": 32, "height": 32}}}
 
 
-async def _threads_that_ended_runs() -> tuple[set[str], set[str]]:
+async def _threads_that_ended_runs() -> tuple[list[str], set[str]]:
     app = create_app(load_config(CONFIG, visible_gpus=0))
     orchestrator = app.state.orchestrator
     ended: list[str] = []
-    end = orchestrator.end_interleaved
+    release = orchestrator.states._release
 
-    def recording_end(run: object) -> None:
+    def recording_release(state: Any) -> None:
         ended.append(threading.current_thread().name)
-        end(run)
+        release(state)
 
-    orchestrator.end_interleaved = recording_end
+    orchestrator.states._release = recording_release
     await orchestrator.start()
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://omni") as client:
             resp = await client.post("/generate", json=BODY, timeout=30)
         assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n"), resp.text
-        assert orchestrator.active == set()
-        return set(ended), {threading.current_thread().name}
+        assert orchestrator.admitted == 0 and orchestrator.states.live == 0
+        return ended, {threading.current_thread().name}
     finally:
         await orchestrator.stop()
 
 
-def test_a_streaming_request_ends_on_the_event_loop_thread() -> None:
+def test_a_streaming_request_ends_once_on_the_event_loop_thread() -> None:
     ended, loop_thread = asyncio.run(_threads_that_ended_runs())
-    assert ended == loop_thread
+    assert len(ended) == 1 and set(ended) == loop_thread

@@ -1,5 +1,5 @@
 """A run whose event iterator never started (the client left first) still ends: its admission,
-planner slot and adapter are released when the HTTP layer calls ``end_interleaved``."""
+planner slot, adapter and request id are released once, when its request state is."""
 
 from __future__ import annotations
 
@@ -23,24 +23,24 @@ class Closing(Toy):  # type: ignore[misc, valid-type]
         super().close()
 
 
-async def _unstarted_then_ended() -> tuple[set[str], int | None, int]:
+async def _unstarted_then_ended() -> tuple[int, int, int | None, int, int]:
     orchestrator = Orchestrator(load_config(CONFIG, visible_gpus=0))
     await orchestrator.start()
     try:
         orchestrator.controller = UMMController(Closing, orchestrator.limits, orchestrator._call,
                                                 planned=orchestrator.scheduler.allowance)
-        run = orchestrator.open_interleaved(
-            UMMRequest(rid="gone-early", messages=[{"role": "user", "content": "a cube"}]))
-        events = orchestrator.interleaved_events(run)
-        await events.aclose()  # never started: its own cleanup does not run
-        orchestrator.end_interleaved(run)
-        orchestrator.end_interleaved(run)  # idempotent
-        return (set(orchestrator.active), orchestrator.scheduler.allowance("gone-early"),
-                Closing.closed)
+        async with orchestrator.request() as state:
+            rid = orchestrator.claim(state, "gone-early")
+            run = orchestrator.open_interleaved(
+                state, UMMRequest(rid=rid, messages=[{"role": "user", "content": "a cube"}]))
+            state.closes(run.events())  # never started: its own cleanup does not run
+            admitted = orchestrator.admitted
+        return (admitted, orchestrator.admitted, orchestrator.scheduler.allowance("gone-early"),
+                Closing.closed, orchestrator.states.live)
     finally:
         await orchestrator.stop()
 
 
 def test_an_unstarted_run_is_released_once() -> None:
-    active, allowance, closed = asyncio.run(_unstarted_then_ended())
-    assert active == set() and allowance is None and closed == 1
+    admitted, after, allowance, closed, live = asyncio.run(_unstarted_then_ended())
+    assert (admitted, after, allowance, closed, live) == (1, 0, None, 1, 0)

@@ -1,0 +1,1 @@
+"""Asyncio building blocks every layer may use (the lowest layer beside ``errors``)."""

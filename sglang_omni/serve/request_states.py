@@ -1,0 +1,41 @@
+"""Each HTTP request runs inside its request state (``pipeline.request_state``).
+
+:class:`HoldRequestStates` (pure ASGI) enters ``orchestrator.request()`` around the whole HTTP
+exchange, the route and its response (a stream to its last byte, or until its client left), and
+puts the state in the scope; a route reads it with :func:`request_state`. The state's exit, when
+the exchange ends however it ends, is the request's one release: routes never release anything
+themselves. A state that acquired nothing (``/health``, ``/metrics``) costs one object.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sglang_omni.pipeline.orchestrator import Orchestrator
+from sglang_omni.pipeline.request_state import RequestState
+
+STATE_KEY = "sglang_omni.request_state"
+
+
+class HoldRequestStates:
+    """Runs each HTTP request inside its own ``orchestrator.request()``."""
+
+    def __init__(self, app: ASGIApp, orchestrator: Orchestrator) -> None:
+        self.app = app
+        self.orchestrator = orchestrator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        async with self.orchestrator.request() as state:
+            scope[STATE_KEY] = state
+            await self.app(scope, receive, send)
+
+
+def request_state(request: Request) -> RequestState:
+    """The state of ``request`` (an HTTP request of the app, see the module docstring)."""
+    return cast(RequestState, request.scope[STATE_KEY])
