@@ -17,8 +17,8 @@ class ToyModel(ServedModel):
     size_multiples = {"scripted": 32, "hf": 32, "native": 32}
     max_side = 512
 
-    def default_size(self, backend: Any) -> tuple[int, int]:
-        return self.defaults.width, self.defaults.height
+    def generation_defaults(self, backend: Any) -> Defaults:
+        return self.defaults  # its adapter sets them on every backend
 
 
 TOY = ToyModel()

@@ -78,15 +78,14 @@ def test_text_chat_stream_ends_with_error_and_done_on_any_exception() -> None:
         yield {"text": "hel"}
         raise ZeroDivisionError(SECRET)
 
-    chunks = asyncio.run(drain(_text_chat_sse("r5", "m", req, {"text": ""}, stage_stream(),
-                                              None)))
+    chunks = asyncio.run(drain(_text_chat_sse("r5", "m", req, {"text": ""}, stage_stream())))
     assert chunks[-1] == SSE_DONE and data_of(chunks[-2])["error"]["code"] == 500
     assert "allocate" not in "".join(chunks)
 
     async def finished() -> AsyncIterator[Any]:
         yield StageResult({"text": "x", "finish_reason": "stop", "usage": {}}, [], 0.0)
 
-    chunks = asyncio.run(drain(_text_chat_sse("r6", "m", req, {"text": ""}, finished(), None)))
+    chunks = asyncio.run(drain(_text_chat_sse("r6", "m", req, {"text": ""}, finished())))
     assert chunks[-1] == SSE_DONE and "error" not in chunks[-2]
 
 
