@@ -1,4 +1,8 @@
-"""Run a non-streaming handler until it finishes or the client goes away (then cancel it)."""
+"""Run a non-streaming handler until it finishes or the client goes away (then cancel it).
+
+The client's going is heard, not polled: a watcher awaits the connection's next ASGI message,
+which the server gives as ``http.disconnect`` when the client closes it (the request's body has
+been read by then, so the watcher takes nothing the handler needs)."""
 
 from __future__ import annotations
 
@@ -15,18 +19,26 @@ class ClientDisconnected(Exception):
     """The client closed the connection; the work was cancelled."""
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.1) -> T:
+async def _client_gone(request: Request) -> None:
+    """Return once the client closed the connection."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result; ClientDisconnected (``work`` cancelled and awaited) when the client
+    goes first."""
     task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                raise ClientDisconnected()
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientDisconnected()
     finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        for pending in (task, gone):
+            if not pending.done():
+                pending.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)

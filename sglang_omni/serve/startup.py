@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -98,6 +99,27 @@ def _scripted_reasoner(config: ResolvedConfig) -> bool:
     return reasoner is not None and reasoner.factory.get("backend") == "scripted"
 
 
+#: Set to seconds (``0.05``), the server's event loop runs in asyncio's debug mode and logs each
+#: callback that holds it longer (``Executing <...> took 0.061 seconds``): a development aid that
+#: finds blocking work on the loop. ``PYTHONASYNCIODEBUG=1`` alone uses asyncio's 0.1 s.
+SLOW_CALLBACK_ENV = "SGLANG_OMNI_SLOW_CALLBACK_S"
+
+
+def watch_slow_callbacks(loop: asyncio.AbstractEventLoop) -> None:
+    """Apply :data:`SLOW_CALLBACK_ENV` to ``loop`` (nothing when it is unset)."""
+    value = os.environ.get(SLOW_CALLBACK_ENV, "").strip()
+    if not value:
+        return
+    try:
+        seconds = float(value)
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; ignored", SLOW_CALLBACK_ENV, value)
+        return
+    loop.set_debug(True)
+    loop.slow_callback_duration = seconds
+    log.info("asyncio debug mode: callbacks longer than %g s are logged", seconds)
+
+
 def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: int,
                model_name: str | None, log_level: str, log_format: str,
                log_polls: bool = False) -> int:
@@ -124,6 +146,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     holder: dict[str, Any] = {}
 
     async def serve() -> None:
+        watch_slow_callbacks(asyncio.get_running_loop())
         orchestrator.stages.spawn()
         # Until uvicorn takes SIGINT and SIGTERM, either one stops the start once the app is
         # built (the build is synchronous): the stages are stopped, nothing is served.
