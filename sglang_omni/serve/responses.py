@@ -8,17 +8,18 @@ work was done. Bodies holding media (base64 of megabytes) are built on a worker 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.responses import Response
 
+from sglang_omni.serve.wire_json import dumps_bytes
+
 
 def json_response(content: Any, status_code: int = 200,
                   headers: Mapping[str, str] | None = None) -> Response:
     """``content`` as an ASCII JSON response."""
-    return Response(json.dumps(content), status_code=status_code, headers=headers,
+    return Response(dumps_bytes(content), status_code=status_code, headers=headers,
                     media_type="application/json")
 
 

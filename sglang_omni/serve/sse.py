@@ -15,7 +15,6 @@ the generic 500 (its traceback is logged, its text never sent).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +26,7 @@ from sglang_omni.errors import OmniError, ServerError
 from sglang_omni.pipeline.read_ahead import end_read_ahead
 from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.request_log import note_failure
+from sglang_omni.serve.wire_json import dumps
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -37,11 +37,11 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse_data(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+    return f"data: {dumps(obj)}\n\n"
 
 
 def sse_event(event: str, obj: Any) -> str:
-    return f"event: {event}\ndata: {json.dumps(obj)}\n\n"
+    return f"event: {event}\ndata: {dumps(obj)}\n\n"
 
 
 def stream_error(exc: Exception, rid: str | None = None) -> OmniError:

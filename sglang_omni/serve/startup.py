@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
@@ -23,6 +22,7 @@ import time
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.runtime import loop_watch
 from sglang_omni.runtime.log_format import configure_logging
 
 log = logging.getLogger("sglang_omni.serve")
@@ -99,27 +99,6 @@ def _scripted_reasoner(config: ResolvedConfig) -> bool:
     return reasoner is not None and reasoner.factory.get("backend") == "scripted"
 
 
-#: Set to seconds (``0.05``), the server's event loop runs in asyncio's debug mode and logs each
-#: callback that holds it longer (``Executing <...> took 0.061 seconds``): a development aid that
-#: finds blocking work on the loop. ``PYTHONASYNCIODEBUG=1`` alone uses asyncio's 0.1 s.
-SLOW_CALLBACK_ENV = "SGLANG_OMNI_SLOW_CALLBACK_S"
-
-
-def watch_slow_callbacks(loop: asyncio.AbstractEventLoop) -> None:
-    """Apply :data:`SLOW_CALLBACK_ENV` to ``loop`` (nothing when it is unset)."""
-    value = os.environ.get(SLOW_CALLBACK_ENV, "").strip()
-    if not value:
-        return
-    try:
-        seconds = float(value)
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds; ignored", SLOW_CALLBACK_ENV, value)
-        return
-    loop.set_debug(True)
-    loop.slow_callback_duration = seconds
-    log.info("asyncio debug mode: callbacks longer than %g s are logged", seconds)
-
-
 def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: int,
                model_name: str | None, log_level: str, log_format: str,
                log_polls: bool = False) -> int:
@@ -146,7 +125,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     holder: dict[str, Any] = {}
 
     async def serve() -> None:
-        watch_slow_callbacks(asyncio.get_running_loop())
+        if slow_s is not None:  # a development aid (runtime.loop_watch)
+            loop_watch.watch(asyncio.get_running_loop(), slow_s)
         orchestrator.stages.spawn()
         # Until uvicorn takes SIGINT and SIGTERM, either one stops the start once the app is
         # built (the build is synchronous): the stages are stopped, nothing is served.
@@ -175,8 +155,11 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     # app is only read when the server loads it.
     # (log_config None: a Config configures logging as it is made, which would undo
     # configure_logging's JSON lines)
-    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused",
-                                  log_config=None).get_loop_factory()
+    # (the standard library's under SGLANG_OMNI_SLOW_CALLBACK_S: runtime.loop_watch times it)
+    slow_s = loop_watch.slow_callback_s()
+    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused", log_config=None,
+                                  loop="auto" if slow_s is None else "asyncio"
+                                  ).get_loop_factory()
     try:
         with contextlib.closing(sock):
             asyncio_run(serve(), loop_factory=loop_factory)

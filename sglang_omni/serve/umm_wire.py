@@ -10,7 +10,6 @@ the stream generators end with an error and ``[DONE]`` whatever is raised.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
@@ -21,6 +20,7 @@ from sglang_omni.pipeline.umm import TEXT, Complete, Segment
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.request_log import note_segment
 from sglang_omni.serve.sse import SSE_DONE, sse_data, sse_event, stream_error
+from sglang_omni.serve.wire_json import base64_url
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -47,10 +47,9 @@ def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
 def media_data(segment: Segment) -> dict[str, Any]:
     """A media segment's ``data`` object, the bytes as a base64 data URL in ``url``."""
     assert segment.media is not None
-    payload = base64.b64encode(segment.media).decode("ascii")
     return {"kind": segment.kind, "mime_type": segment.mime_type,
             "size_bytes": len(segment.media), "sha256": segment.sha256,
-            "url": f"data:{segment.mime_type};base64,{payload}"}
+            "url": base64_url(str(segment.mime_type), segment.media)}
 
 
 def _segment_event(segment: Segment) -> str:

@@ -1,12 +1,14 @@
 """Nothing blocks the server's event loop under a reliability load (issue 28, item 4).
 
 The server runs with asyncio's debug mode and a 50 ms slow-callback threshold
-(``SGLANG_OMNI_SLOW_CALLBACK_S``), so each callback that holds its loop longer is logged as
-``Executing <...> took N seconds``. The load: concurrent interleaved requests of every form,
-two relaying 8 MiB videos to the Reasoner, one carrying a 4 MiB inline picture from the client,
-clients that go away mid-request (aborts), and a generation stage killed with a request in
-flight (its restart). Every request gets its answer, and the server's log names no slow
-callback. Stage processes keep their own loops (not judged here).
+(``SGLANG_OMNI_SLOW_CALLBACK_S``, :mod:`sglang_omni.runtime.loop_watch`), so each callback that
+holds its loop that long (computing, or blocked) is logged as ``Executing <...> took N
+seconds``; a callback that only waited for a core of the busy test machine is not. The load:
+concurrent interleaved requests of every form, two relaying 8 MiB videos to the Reasoner, one
+carrying a 4 MiB inline picture from the client, clients that go away mid-request (aborts), and
+a generation stage killed with a request in flight (its restart). Every request gets its
+answer, and the server's log names no slow callback. Stage processes keep their own loops (not
+judged here).
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ def kill_generation_mid_request(server: Server) -> str | None:
 @pytest.mark.timeout(240)
 def test_reliability_load_never_blocks_the_server_loop(debug_server: Server) -> None:
     url = debug_server.url
-    assert f"callbacks longer than {SLOW_S:g} s are logged" in debug_server.log()
+    assert f"callbacks holding the loop {SLOW_S:g} s or more are logged" in debug_server.log()
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(interleaved, url, i) for i in range(24)]
         futures += [pool.submit(large_videos, url, i) for i in range(2)]
