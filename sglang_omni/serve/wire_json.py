@@ -74,11 +74,12 @@ def dumps(obj: Any) -> str:
     return "".join(out)
 
 
-def dumps_bytes(obj: Any) -> memoryview:
-    """``json.dumps(obj).encode()``, long WireTexts copied in a window at a time."""
+def dumps_bytes(obj: Any) -> bytes | memoryview:
+    """``json.dumps(obj).encode()``: bytes, or a view of them when long WireTexts were copied
+    in a window at a time."""
     skeleton, texts = _pieces(obj)
     if not texts:
-        return memoryview(skeleton[0].encode("ascii"))
+        return skeleton[0].encode("ascii")
     out = bytearray(sum(map(len, skeleton)) + sum(len(t) + 2 for t in texts))
     at = 0
 
