@@ -72,11 +72,22 @@ def segment_wire(segment: Segment, with_data: bool = True) -> dict[str, Any]:
     return body
 
 
-async def encoded(segment: Segment, encode: Callable[[], str]) -> str:
-    """``encode()``, on a worker thread when the segment carries media."""
+#: A streamed media event is yielded in pieces this long (together, the same bytes): the loop
+#: encodes and copies each piece as one step, never megabytes at once.
+EVENT_PIECE = 1024 * 1024
+
+
+def _in_pieces(encode: Callable[[], str]) -> list[str]:
+    text = encode()
+    return [text[at:at + EVENT_PIECE] for at in range(0, len(text), EVENT_PIECE)] or [text]
+
+
+async def encoded(segment: Segment, encode: Callable[[], str]) -> list[str]:
+    """``encode()`` in pieces of at most :data:`EVENT_PIECE` characters, made on a worker
+    thread when the segment carries media."""
     if segment.media is None:
-        return encode()
-    return await asyncio.to_thread(encode)
+        return [encode()]
+    return await asyncio.to_thread(_in_pieces, encode)
 
 
 Events = AsyncIterator[Segment | Complete] | AsyncIterator[Segment | Complete | Progress]
@@ -91,7 +102,8 @@ async def generate_sse(events: Events, rid: str | None = None) -> AsyncIterator[
                 yield sse_event("progress", event.wire())
             elif isinstance(event, Segment):
                 note_segment()
-                yield await encoded(event, partial(_segment_event, event))
+                for piece in await encoded(event, partial(_segment_event, event)):
+                    yield piece
             else:
                 yield sse_event("complete", {
                     "execution_id": event.segments[0].execution_id if event.segments else None,
@@ -136,7 +148,8 @@ async def chat_sse(rid: str, model: str, include_usage: bool,
                 yield sse_data(chunk_body(rid, model, {"progress": event.wire()}))
             elif isinstance(event, Segment):
                 note_segment()
-                yield await encoded(event, partial(_segment_chunk, rid, model, event))
+                for piece in await encoded(event, partial(_segment_chunk, rid, model, event)):
+                    yield piece
             else:
                 usage = chat_usage(event.usage) if include_usage else None
                 yield sse_data(chunk_body(rid, model, {}, event.finish_reason, usage))

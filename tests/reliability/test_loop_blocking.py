@@ -4,11 +4,11 @@ The server runs with asyncio's debug mode and a 50 ms slow-callback threshold
 (``SGLANG_OMNI_SLOW_CALLBACK_S``, :mod:`sglang_omni.runtime.loop_watch`), so each callback that
 holds its loop that long (computing, or blocked) is logged as ``Executing <...> took N
 seconds``; a callback that only waited for a core of the busy test machine is not. The load:
-concurrent interleaved requests of every form, two relaying 8 MiB videos to the Reasoner, one
-carrying a 4 MiB inline picture from the client, clients that go away mid-request (aborts), and
-a generation stage killed with a request in flight (its restart). Every request gets its
-answer, and the server's log names no slow callback. Stage processes keep their own loops (not
-judged here).
+concurrent interleaved requests of every form, two relaying 8 MiB videos to the Reasoner (one
+answered as JSON, one streamed), one carrying a 4 MiB inline picture from the client, clients
+that go away mid-request (aborts), and a generation stage killed with a request in flight (its
+restart). Every request gets its answer, and the server's log names no slow callback. Stage
+processes keep their own loops (not judged here).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def interleaved(url: str, i: int) -> str | None:
 def large_videos(url: str, i: int) -> str | None:
     prompt = script(*[{"action": "video", "prompt": f"!size={8 * MiB} clip {i}.{n}"}
                       for n in range(2)], {"action": "final", "text": f"big-{i}"})
-    return ok(generate(url, prompt), f"big-{i}")
+    return ok(generate(url, prompt, stream=i % 2 == 1), f"big-{i}")  # one JSON, one stream
 
 
 def large_picture(url: str) -> str | None:
