@@ -414,6 +414,11 @@ def _read_limited(path: str, policy: MediaPolicy, *, label: str) -> bytes:
     return data
 
 
+#: A media reference this long (inline data) is resolved and decoded in a worker thread: the
+#: event loop routes, it does not decode megabytes of base64.
+OFF_LOOP_CHARS = 64 * 1024
+
+
 async def load_bytes(
     ref: str, policy: MediaPolicy, workdir: RequestMediaDir, *, label: str
 ) -> bytes:
@@ -423,12 +428,17 @@ async def load_bytes(
     limits), inline data decoded, local files read (a file over the size limit is refused
     without reading past it). Bytes fetched or decoded count against ``max_media_bytes``.
     """
-    source = policy.resolve(ref, label=label)
+    long = len(ref) >= OFF_LOOP_CHARS  # inline data: parsed and decoded off the loop
+    source = await anyio.to_thread.run_sync(functools.partial(policy.resolve, label=label), ref) \
+        if long else policy.resolve(ref, label=label)
     if isinstance(source, RemoteMedia):
         body = bytearray()
         await fetch_remote(source.url, policy, body.extend, label=label, workdir=workdir)
         return bytes(body)
     if isinstance(source, InlineMedia):
+        if long:
+            return await anyio.to_thread.run_sync(
+                functools.partial(_decode_inline, label=label), source, policy, workdir)
         return _decode_inline(source, policy, workdir, label=label)
     return await anyio.to_thread.run_sync(
         functools.partial(_read_limited, label=label), str(source.path), policy

@@ -3,7 +3,9 @@
 A message is a msgpack header (a dict) followed by zero or more raw byte frames, so media travel
 as bytes, never re-encoded as text. Each piece goes over a Unix stream socket as an 8-byte length
 and its bytes; a frame is received straight into its own buffer (one copy out of the kernel).
-Sends are serialized by a lock so that a header and its frames stay together.
+Sends are serialized by a lock so that a header and its frames stay together. :class:`Channel`
+(blocking, thread-safe sends, one reader thread) is the stage process's end; the server's end is
+:class:`~sglang_omni.runtime.stage_link.StageLink`, on the server's event loop, same wire.
 
 An ASCII string of at least :data:`MIN_TEXT` characters in a header (a ``data:`` URL of a
 request's inline media) is not packed into it: it travels after the frames as a piece of its
@@ -28,7 +30,7 @@ _SOCKET_BUFFER = 4 * 1024 * 1024
 #: ASCII strings this long travel beside the header (see the module contract).
 MIN_TEXT = 1024 * 1024
 #: Characters of such a string encoded and sent at a time.
-_TEXT_WINDOW = 1024 * 1024
+TEXT_WINDOW = 1024 * 1024
 #: The msgpack extension type that stands in the header for a string sent beside it.
 _TEXT_EXT = 17
 
@@ -99,16 +101,16 @@ def _set_texts_aside(value: Any, texts: list[str], depth: int) -> Any:
     return value
 
 
-def _put_texts_back(value: Any, texts: list[str]) -> Any:
+def put_texts_back(value: Any, texts: list[str]) -> Any:
     """Undo :func:`_set_texts_aside` on an unpacked header."""
     if isinstance(value, msgpack.ExtType) and value.code == _TEXT_EXT:
         return texts[int.from_bytes(value.data, "big")]
     if isinstance(value, dict):
         for key, item in value.items():
-            value[key] = _put_texts_back(item, texts)
+            value[key] = put_texts_back(item, texts)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            value[i] = _put_texts_back(item, texts)
+            value[i] = put_texts_back(item, texts)
     return value
 
 
@@ -174,8 +176,8 @@ class Channel:
                     self._send_piece(frame)
                 for text in packed.texts:  # ASCII: as many bytes as characters
                     self._sock.sendall(_LEN.pack(len(text)))
-                    for at in range(0, len(text), _TEXT_WINDOW):  # a window's copy at a time
-                        self._sock.sendall(text[at:at + _TEXT_WINDOW].encode("ascii"))
+                    for at in range(0, len(text), TEXT_WINDOW):  # a window's copy at a time
+                        self._sock.sendall(text[at:at + TEXT_WINDOW].encode("ascii"))
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise EOFError(str(exc)) from None
 
@@ -190,7 +192,7 @@ class Channel:
         ntexts = header.pop("ntexts", 0)
         if ntexts:
             texts = [self._recv_piece().decode("ascii") for _ in range(ntexts)]
-            _put_texts_back(header, texts)
+            put_texts_back(header, texts)
         return header, frames
 
     def _recv_piece(self) -> bytearray:

@@ -73,6 +73,9 @@ FATAL_EXIT_CODE = 3
 SERVER_SILENCE_FACTOR = 2.0
 #: ... and never sooner than this (a server loop held up a few seconds is not frozen).
 MIN_SERVER_SILENCE_S = 10.0
+#: Messages up to this size, sent from the event loop with none queued, are written at once
+#: (far below the socket's buffer: the write does not wait for the server to read).
+DIRECT_SEND_BYTES = 64 * 1024
 #: A job's progress reports reach the server at most this often (the rest are dropped).
 PROGRESS_EVERY_S = 0.5
 
@@ -122,6 +125,10 @@ class _StageServer:
         self.spec = spec
         self.channel = channel
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="stage-send")
+        #: Messages queued for the sender thread and not sent yet, and the event loop's thread.
+        self._queue_lock = threading.Lock()
+        self._queued = 0
+        self._loop_thread: int | None = None
         self.jobs: dict[str, tuple[Job, asyncio.Task, int]] = {}
         self.children: list[Any] = []
         #: The media items of the running requests (each sent once per request).
@@ -130,11 +137,33 @@ class _StageServer:
         self.last_ping: float | None = None
 
     def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
-        """Queue a message to the server; ordered, safe from any thread. Packs here, so
-        WireEncodeError reaches the caller when the header cannot be carried."""
+        """Send a message to the server; ordered, safe from any thread. Packs here, so
+        WireEncodeError reaches the caller when the header cannot be carried.
+
+        A small message sent from the event loop while nothing is queued goes out at once (the
+        socket's buffer takes it: no hand-off to the sender thread); any other waits its turn
+        in the sender thread's queue, so what a thread sent before the loop's message still
+        goes first."""
         packed = pack_header(header, len(frames or []))
-        sent = self.sender.submit(self._send_packed, packed, frames, str(header.get("op")))
+        size = packed.nbytes + sum(len(frame) for frame in frames or [])
+        op = str(header.get("op"))
+        with self._queue_lock:
+            direct = self._queued == 0 and size <= DIRECT_SEND_BYTES \
+                and threading.get_ident() == self._loop_thread
+            if not direct:
+                self._queued += 1
+        if direct:
+            self._send_packed(packed, frames, op)
+            return
+        sent = self.sender.submit(self._send_queued, packed, frames, op)
         sent.add_done_callback(_log_send_failure)
+
+    def _send_queued(self, packed: PackedHeader, frames: Frames | None, op: str) -> None:
+        try:
+            self._send_packed(packed, frames, op)
+        finally:
+            with self._queue_lock:
+                self._queued -= 1
 
     def _send_packed(self, packed: PackedHeader, frames: Frames | None, op: str) -> None:
         try:
@@ -157,6 +186,7 @@ class _StageServer:
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self.stopping = asyncio.Event()
         for _ in range(int(self.spec.factory.get("children", 0) or 0)):
             self.children.append(start_idle_child())

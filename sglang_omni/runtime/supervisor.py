@@ -41,8 +41,8 @@ MAX_BACKOFF_S = 60.0
 #: The liveness checks run at least this often (heartbeats go out every heartbeat_interval_s).
 CHECK_EVERY_S = 0.25
 #: A check that comes this much later than planned is skipped: the server's event loop was held
-#: up (a long call holding the GIL), so the reader thread that times the stage's answers may
-#: not have read those waiting on its socket yet; the next check judges.
+#: up, so the stage's answers waiting on its socket may not have been read yet (the loop reads
+#: them, in the same turn as a check that is due, before it); the next check judges.
 LATE_TICK_S = 0.5
 #: ``progress_timeout_s`` when a stage's config leaves it unset, by backend. Every engine of
 #: the scripted and hf backends reports progress at least every denoising step or decoded token
@@ -196,9 +196,8 @@ class StageSupervisor:
         """Ping the stage every heartbeat interval and check it every CHECK_EVERY_S: a stage
         whose oldest unanswered ping is older than the stall timeout is stalled (a server loop
         that was busy sends no ping, so it cannot mistake its own delay for the stage's); one
-        silent on its jobs past the progress timeout is hung (the stage's messages are timed by
-        the handle's reader thread, so a busy server loop cannot mistake its own delay for that
-        either)."""
+        silent on its jobs past the progress timeout is hung (a check that comes late is skipped,
+        so a busy server loop cannot mistake its own delay for that either)."""
         handle = self.handle
         interval = self.policy.heartbeat_interval_s
         tick = min(interval, CHECK_EVERY_S)
@@ -209,7 +208,7 @@ class StageSupervisor:
             now = time.monotonic()
             late = now - last_tick > tick + LATE_TICK_S
             last_tick = now
-            if late:  # this loop was held up: the reader thread may not have caught up yet
+            if late:  # this loop was held up: the stage's answers may not be read yet
                 continue
             if not handle.healthy:
                 self._unanswered_since = None

@@ -1,4 +1,8 @@
-"""Run a non-streaming handler until it finishes or the client goes away (then cancel it)."""
+"""Run a non-streaming handler until it finishes or the client goes away (then cancel it).
+
+The client's going is heard, not polled: a watcher awaits the connection's next ASGI message,
+which the server gives as ``http.disconnect`` when the client closes it (the request's body has
+been read by then, so the watcher takes nothing the handler needs)."""
 
 from __future__ import annotations
 
@@ -17,17 +21,19 @@ class ClientDisconnected(Exception):
     """The client closed the connection; the work was cancelled."""
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.1) -> T:
+async def _client_gone(request: Request) -> None:
+    """Return once the client closed the connection."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """``work``'s result; ClientDisconnected (``work`` cancelled and awaited) when the client
-    leaves first."""
-    finish = await race(work, _gone(request, poll_s))
+    goes first."""
+    finish = await race(work, _client_gone(request))
     if finish.index == 1:
         raise ClientDisconnected()
     result: T = finish.value
     return result
-
-
-async def _gone(request: Request, poll_s: float) -> None:
-    """Returns once the client closed the connection (checked every ``poll_s``)."""
-    while not await request.is_disconnected():
-        await asyncio.sleep(poll_s)

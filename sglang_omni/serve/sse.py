@@ -16,7 +16,6 @@ one home of that rule); :func:`stream_error` turns an unexpected exception into 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -27,6 +26,7 @@ from sglang_omni.errors import OmniError, ServerError
 from sglang_omni.pipeline.read_ahead import end_read_ahead
 from sglang_omni.serve.http_errors import GENERIC_500
 from sglang_omni.serve.request_log import note_failure
+from sglang_omni.serve.wire_json import dumps
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -40,11 +40,11 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse_data(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+    return f"data: {dumps(obj)}\n\n"
 
 
 def sse_event(event: str, obj: Any) -> str:
-    return f"event: {event}\ndata: {json.dumps(obj)}\n\n"
+    return f"event: {event}\ndata: {dumps(obj)}\n\n"
 
 
 def stream_error(exc: Exception, rid: str | None = None) -> OmniError:

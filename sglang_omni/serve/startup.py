@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
+from sglang_omni.runtime import loop_watch
 from sglang_omni.runtime.log_format import configure_logging
 
 log = logging.getLogger("sglang_omni.serve")
@@ -124,6 +125,8 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     holder: dict[str, Any] = {}
 
     async def serve() -> None:
+        if slow_s is not None:  # a development aid (runtime.loop_watch)
+            loop_watch.watch(asyncio.get_running_loop(), slow_s)
         orchestrator.stages.spawn()
         # Until uvicorn takes SIGINT and SIGTERM, either one stops the start once the app is
         # built (the build is synchronous): the stages are stopped, nothing is served.
@@ -152,8 +155,11 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     # app is only read when the server loads it.
     # (log_config None: a Config configures logging as it is made, which would undo
     # configure_logging's JSON lines)
-    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused",
-                                  log_config=None).get_loop_factory()
+    # (the standard library's under SGLANG_OMNI_SLOW_CALLBACK_S: runtime.loop_watch times it)
+    slow_s = loop_watch.slow_callback_s()
+    loop_factory = uvicorn.Config("sglang_omni.serve.app:unused", log_config=None,
+                                  loop="auto" if slow_s is None else "asyncio"
+                                  ).get_loop_factory()
     try:
         with contextlib.closing(sock):
             asyncio_run(serve(), loop_factory=loop_factory)

@@ -10,7 +10,6 @@ the stream generators end with an error and ``[DONE]`` whatever is raised.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from functools import partial
 from typing import Any
@@ -20,6 +19,7 @@ from sglang_omni.pipeline.umm import TEXT, Complete, Segment
 from sglang_omni.serve.openai_chat import chunk_body, completion_body
 from sglang_omni.serve.request_log import note_segment
 from sglang_omni.serve.sse import ERROR_DATA, ERROR_EVENT, ends_with_done, sse_data, sse_event
+from sglang_omni.serve.wire_json import base64_url
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -41,10 +41,9 @@ def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
 def media_data(segment: Segment) -> dict[str, Any]:
     """A media segment's ``data`` object, the bytes as a base64 data URL in ``url``."""
     assert segment.media is not None
-    payload = base64.b64encode(segment.media).decode("ascii")
     return {"kind": segment.kind, "mime_type": segment.mime_type,
             "size_bytes": len(segment.media), "sha256": segment.sha256,
-            "url": f"data:{segment.mime_type};base64,{payload}"}
+            "url": base64_url(str(segment.mime_type), segment.media)}
 
 
 def _segment_event(segment: Segment) -> str:
@@ -67,11 +66,22 @@ def segment_wire(segment: Segment, with_data: bool = True) -> dict[str, Any]:
     return body
 
 
-async def encoded(segment: Segment, encode: Callable[[], str]) -> str:
-    """``encode()``, on a worker thread when the segment carries media."""
+#: A streamed media event is yielded in pieces this long (together, the same bytes): the loop
+#: encodes and copies each piece as one step, never megabytes at once.
+EVENT_PIECE = 1024 * 1024
+
+
+def _in_pieces(encode: Callable[[], str]) -> list[str]:
+    text = encode()
+    return [text[at:at + EVENT_PIECE] for at in range(0, len(text), EVENT_PIECE)] or [text]
+
+
+async def encoded(segment: Segment, encode: Callable[[], str]) -> list[str]:
+    """``encode()`` in pieces of at most :data:`EVENT_PIECE` characters, made on a worker
+    thread when the segment carries media."""
     if segment.media is None:
-        return encode()
-    return await asyncio.to_thread(encode)
+        return [encode()]
+    return await asyncio.to_thread(_in_pieces, encode)
 
 
 Events = AsyncIterator[Segment | Complete] | AsyncIterator[Segment | Complete | Progress]
@@ -89,7 +99,8 @@ async def _generate_events(events: Events) -> AsyncGenerator[str, None]:
             yield sse_event("progress", event.wire())
         elif isinstance(event, Segment):
             note_segment()
-            yield await encoded(event, partial(_segment_event, event))
+            for piece in await encoded(event, partial(_segment_event, event)):
+                yield piece
         else:
             yield sse_event("complete", {
                 "execution_id": event.segments[0].execution_id if event.segments else None,
@@ -135,7 +146,8 @@ async def _chat_chunks(rid: str, model: str, include_usage: bool,
             yield sse_data(chunk_body(rid, model, {"progress": event.wire()}))
         elif isinstance(event, Segment):
             note_segment()
-            yield await encoded(event, partial(_segment_chunk, rid, model, event))
+            for piece in await encoded(event, partial(_segment_chunk, rid, model, event)):
+                yield piece
         else:
             usage = chat_usage(event.usage) if include_usage else None
             yield sse_data(chunk_body(rid, model, {}, event.finish_reason, usage))

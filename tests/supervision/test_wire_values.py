@@ -53,7 +53,7 @@ def test_unencodable_payload_fails_the_call_at_once(payload: dict, field: str) -
         assert caught.value.message.startswith(f"{field}: ")
         assert "cannot be carried" in caught.value.message
         # nothing is left pending, and the stage still serves
-        assert not handle._pending
+        assert not handle.calls.pending
         result = await asyncio.wait_for(handle.call("r2", chat("hello")), QUICK_S)
         assert "hello" in result.payload["text"]
 

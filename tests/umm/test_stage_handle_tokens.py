@@ -28,11 +28,7 @@ def run(scenario: Callable[[StageHandle], Awaitable[None]]) -> StageHandle:
     h = handle()
 
     async def main() -> None:
-        h._loop = asyncio.get_running_loop()
-        try:
-            await scenario(h)
-        finally:
-            h._sender.shutdown(wait=True)
+        await scenario(h)
 
     asyncio.run(main())
     return h
@@ -42,8 +38,8 @@ async def start_call(h: StageHandle, rid: str, **kw: Any) -> tuple[asyncio.Task,
     task = asyncio.create_task(h.call(rid, {"prompt": "x"}, **kw))
     for _ in range(10):
         await asyncio.sleep(0)
-        if rid in h._pending:
-            return task, h._pending[rid].token
+        if rid in h.calls.pending:
+            return task, h.calls.pending[rid].token
     raise AssertionError("the call was not registered")
 
 
@@ -94,7 +90,7 @@ def test_duplicate_result_after_completion_is_dropped() -> None:
         h._on_message(result("r1", token, "again"), [])
         h._on_message({"op": "error", "rid": "r1", "token": token, "status": 500,
                        "message": "late"}, [])
-        assert "r1" not in h._pending
+        assert "r1" not in h.calls.pending
 
     h = run(scenario)
     assert (h.counters.completed, h.counters.failed, h.counters.dropped) == (1, 0, 2)
@@ -124,7 +120,7 @@ def test_result_of_an_aborted_call_is_dropped() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         h._on_message(result("r1", token, "too late"), [])
-        assert "r1" not in h._pending
+        assert "r1" not in h.calls.pending
 
     h = run(scenario)
     assert (h.counters.completed, h.counters.dropped) == (0, 1)

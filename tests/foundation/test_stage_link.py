@@ -1,0 +1,93 @@
+"""The server's end of a stage channel on the event loop (``runtime.stage_link``) speaks the
+stage's wire (``ipc.Channel``): messages of every size arrive whole and in order both ways, a
+long text travels beside its header, and a peer that goes away fails what is not sent and says
+it is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from sglang_omni.runtime.ipc import MIN_TEXT, Channel, channel_pair, pack_header
+from sglang_omni.runtime.stage_link import STAGING, StageLink
+
+MiB = 1024 * 1024
+
+
+def echo(channel: Channel, count: int) -> None:
+    """The stage's side: send back each of ``count`` messages as it came."""
+    for _ in range(count):
+        header, frames = channel.recv()
+        channel.send(header, frames)
+
+
+def messages() -> list[tuple[dict[str, Any], list[bytes]]]:
+    out: list[tuple[dict[str, Any], list[bytes]]] = []
+    for i in range(200):  # many small ones: several share one read
+        out.append(({"op": "small", "i": i}, [bytes([i % 256]) * (i % 7)]))
+    out.append(({"op": "empty-frame"}, [b""]))
+    out.append(({"op": "staging-sized"}, [b"s" * (STAGING - 8), b"t" * STAGING]))
+    out.append(({"op": "large", "note": "x"}, [bytes(range(256)) * (9 * MiB // 256)]))
+    out.append(({"op": "text", "url": "data:," + "a" * (2 * MiB), "short": "b"}, []))
+    out.append(({"op": "last"}, []))
+    return out
+
+
+def test_messages_of_every_size_cross_both_ways_whole_and_in_order() -> None:
+    sent = messages()
+    assert len(sent[-2][0]["url"]) >= MIN_TEXT  # it travels beside the header
+
+    async def main() -> list[tuple[dict[str, Any], list[bytes]]]:
+        ours, theirs = channel_pair()
+        peer = threading.Thread(target=echo, args=(Channel(theirs), len(sent)), daemon=True)
+        peer.start()
+        got: list[tuple[dict[str, Any], list[bytes]]] = []
+        done = asyncio.get_running_loop().create_future()
+        errors: list[BaseException] = []
+
+        def on_message(header: dict[str, Any], frames: list) -> None:
+            got.append((header, [bytes(f) for f in frames]))
+            if header["op"] == "last":
+                done.set_result(None)
+
+        link = StageLink(ours, on_message, lambda: None)
+        for header, frames in sent:  # all queued at once: most wait for the socket to drain
+            link.send(pack_header(header, len(frames)), frames, errors.append)
+        await asyncio.wait_for(done, 60)
+        link.close()
+        peer.join(10)
+        assert not errors
+        return got
+
+    assert asyncio.run(main()) == sent
+
+
+def test_a_peer_that_goes_away_fails_what_is_queued_and_is_lost() -> None:
+    async def main() -> None:
+        ours, theirs = channel_pair()
+        lost = asyncio.Event()
+        errors: list[BaseException] = []
+        link = StageLink(ours, lambda header, frames: None, lost.set)
+        theirs.close()
+        await asyncio.wait_for(lost.wait(), 10)
+        link.send(pack_header({"op": "ping"}), None, errors.append)
+        await asyncio.sleep(0)
+        assert link.closed and len(errors) == 1 and isinstance(errors[0], EOFError)
+
+    asyncio.run(main())
+
+
+def test_what_the_stage_sent_before_it_went_is_still_read() -> None:
+    async def main() -> None:
+        ours, theirs = channel_pair()
+        Channel(theirs).send({"op": "fatal", "message": "gone"})
+        theirs.close()
+        got: list[dict[str, Any]] = []
+        lost = asyncio.Event()
+        link = StageLink(ours, lambda header, frames: got.append(header), lost.set)
+        link.send(pack_header({"op": "ping"}), [b"x" * MiB], lambda exc: None)
+        await asyncio.wait_for(lost.wait(), 10)
+        assert got == [{"op": "fatal", "message": "gone"}]
+
+    asyncio.run(main())
