@@ -1,4 +1,5 @@
-"""Omni's multipart parser (``serve/multipart_body.py``) against Starlette's (``request.form()``:
+"""Omni's multipart parser (``serve/bodies/multipart_body.py``) against Starlette's
+(``request.form()``:
 ``starlette.formparsers.MultiPartParser`` over python-multipart), on the same bodies.
 
 Usage: python benchmarks/multipart_parsers.py  (python-multipart must be importable: it is not
@@ -27,7 +28,7 @@ from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from sglang_omni.errors import OmniError
-from sglang_omni.serve.multipart_body import MAX_FORM_PARTS, parse_form
+from sglang_omni.serve.bodies.multipart_body import MAX_FORM_PARTS, parse_form
 
 MiB = 1024 * 1024
 BOUNDARY = b"----omni-bench-boundary-7d1c"

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return _make_checkpoint(args)
     if args.command == "replicas" or (args.command == "serve" and args.ray):
         return _on_ray(parser, args, extra)
-    from sglang_omni.serve.startup import PortInUse, listen_socket  # light: no FastAPI
+    from sglang_omni.serve.ops.startup import PortInUse, listen_socket  # light: no FastAPI
 
     sock: Any = None
 
@@ -266,7 +266,7 @@ def _on_ray(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: li
 
 def _serve(config: Any, args: argparse.Namespace, sock: Any) -> int:
     """Serve on ``sock`` (bound before the configuration was resolved); see serve.startup."""
-    from sglang_omni.serve.startup import run_server
+    from sglang_omni.serve.ops.startup import run_server
 
     model_name = args.model_name or (DEMO_MODEL_NAME if args.demo else None)
     return run_server(config, sock, host=args.host, port=args.port, model_name=model_name,

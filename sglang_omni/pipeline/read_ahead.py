@@ -1,7 +1,8 @@
 """Ending an async iterator that is read ahead of its consumer.
 
 :func:`~sglang_omni.pipeline.progress.with_progress` and
-:func:`~sglang_omni.serve.sse.with_keepalive` race the next item of ``events`` against something
+:func:`~sglang_omni.serve.wire.sse.with_keepalive` race the next item of ``events`` against
+something
 else (a progress event, a keep-alive timer), so a read of ``events`` may be pending when their
 consumer stops. :func:`end_read_ahead` is how both end: no task outlives the consumer.
 """

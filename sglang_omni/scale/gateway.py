@@ -7,7 +7,7 @@ first replica it reaches; the gateway is what can look at the answer first:
 
 * a request on a planned route (:data:`PLANNED`) carries its arrival time (``arrived_at``): the
   deadline router may hold it until a replica admits it (``max_wait_s``), and the replica counts
-  its deadline from that arrival (:mod:`~sglang_omni.serve.fleet_queue`); at most
+  its deadline from that arrival (:mod:`~sglang_omni.serve.chat.fleet_queue`); at most
   ``max_waiting`` such requests wait at once (:class:`WaitingRoom`): beyond them a request is
   sent with ``may_wait=False``, so it is admitted now or refused with the replica's 503;
 * a request on a planned route that reuses a client ``rid`` is sent to the replica that took
@@ -35,7 +35,7 @@ first replica it reaches; the gateway is what can look at the answer first:
 The body is read here once (bounded by ``server.max_body_bytes``: a larger one is cut at one byte
 over, which the replica refuses with 413, and the header check is the replica's; a body slower
 than ``server.body_timeout_s`` is answered 408 here) and held until the relay ends, under a lease
-on the gateway's ``server.max_pending_body_bytes`` (:mod:`~sglang_omni.serve.body_budget`): a
+on the gateway's ``server.max_pending_body_bytes`` (:mod:`~sglang_omni.serve.bodies.body_budget`): a
 body that does not fit beside those the gateway holds is answered 503 here.
 
 A WebSocket session is relayed to one replica for its whole life: the router picks it, the
@@ -91,11 +91,11 @@ from sglang_omni.scale.asgi_call import (
 from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, merge
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
-from sglang_omni.serve.body_budget import BodyBudget, BodyLease
-from sglang_omni.serve.http_errors import GENERIC_500, error_response
-from sglang_omni.serve.responses import json_response
-from sglang_omni.serve.sse import ERROR_DATA, ERROR_EVENT, failed_end
-from sglang_omni.serve.video_listing import list_page, list_query
+from sglang_omni.serve.bodies.body_budget import BodyBudget, BodyLease
+from sglang_omni.serve.direct.video_listing import list_page, list_query
+from sglang_omni.serve.wire.http_errors import GENERIC_500, error_response
+from sglang_omni.serve.wire.responses import json_response
+from sglang_omni.serve.wire.sse import ERROR_DATA, ERROR_EVENT, failed_end
 
 log = logging.getLogger("sglang_omni.scale")
 

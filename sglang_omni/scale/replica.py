@@ -37,7 +37,7 @@ from sglang_omni.scale.asgi_call import (
 from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
 from sglang_omni.serve.app import create_app
-from sglang_omni.serve.fleet_queue import WAITED_S_KEY
+from sglang_omni.serve.chat.fleet_queue import WAITED_S_KEY
 
 log = logging.getLogger("sglang_omni.scale")
 #: Client messages a relayed WebSocket session may hold before the gateway's next one waits.
@@ -96,7 +96,7 @@ class OmniReplica:
         pinned to), not used here; ``call_id`` (the gateway's id of this call) is listed in
         the routing stats while the call runs;
         ``arrived_at`` (wall clock) is when a planned request reached the gateway: its
-        deadline counts from then (:mod:`~sglang_omni.serve.fleet_queue`)."""
+        deadline counts from then (:mod:`~sglang_omni.serve.chat.fleet_queue`)."""
         path = request["path"]
         planned = arrived_at is not None
         # before the first yield: the stats count it from now

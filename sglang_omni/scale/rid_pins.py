@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.runtime.request_ids import CAPACITY, MAX_ID_CHARS, WINDOW_S
-from sglang_omni.serve.request_body import json_values_bound
+from sglang_omni.serve.bodies.request_body import json_values_bound
 
 #: Bodies larger than this are parsed off the event loop (see :func:`needs_thread`).
 INLINE_PARSE_BYTES = 1 << 20

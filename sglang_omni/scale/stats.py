@@ -10,7 +10,7 @@ replica's ``CUDA_VISIBLE_DEVICES``: the GPUs Ray gave it); ``health`` (the
 (per stage: ``status``, ``pid``, ``restarts``, the job counters of ``/metrics`` and ``device``,
 the ``CUDA_VISIBLE_DEVICES`` its process runs with; empty on the CPU);
 ``in_flight`` (model requests being served; the service paths of
-:mod:`sglang_omni.serve.service_paths` not counted), ``calls`` (the gateway's ids of the calls
+:mod:`sglang_omni.serve.ops.service_paths` not counted), ``calls`` (the gateway's ids of the calls
 the replica holds: a router knows from them which of its sends the stats count),
 ``planned_in_flight`` (requests in flight on a planned route: those the planner does not hold
 yet are on their way to admission),
@@ -36,7 +36,7 @@ from typing import Any
 from sglang_omni.config.gpus import device_env
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.runtime.task_errors import log_failure
-from sglang_omni.serve.service_paths import is_service
+from sglang_omni.serve.ops.service_paths import is_service
 
 log = logging.getLogger("sglang_omni.scale")
 

@@ -24,22 +24,22 @@ from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.contract import random_weights
 from sglang_omni.errors import OmniError, ServiceUnavailable
 from sglang_omni.pipeline.orchestrator import Orchestrator
-from sglang_omni.serve.auth import ApiKeyAuth
-from sglang_omni.serve.body_budget import BodyBudget
-from sglang_omni.serve.chat_routes import chat_routes
-from sglang_omni.serve.direct_routes import direct_routes
-from sglang_omni.serve.docs import docs_router
-from sglang_omni.serve.http_errors import error_response, install_error_handlers
-from sglang_omni.serve.info_routes import add_server_info_route
-from sglang_omni.serve.interleaved_routes import interleaved_routes
-from sglang_omni.serve.metrics import ServerMetrics
-from sglang_omni.serve.mode_routes import ModeRoutes
-from sglang_omni.serve.playground_routes import playground_router
-from sglang_omni.serve.request_log import RequestRecorder
-from sglang_omni.serve.request_states import HoldRequestStates
-from sglang_omni.serve.responses import json_response
+from sglang_omni.serve.bodies.body_budget import BodyBudget
+from sglang_omni.serve.bodies.typed_route import OmniRoute
+from sglang_omni.serve.chat.chat_routes import chat_routes
+from sglang_omni.serve.chat.interleaved_routes import interleaved_routes
+from sglang_omni.serve.direct.direct_routes import direct_routes
+from sglang_omni.serve.ops.docs import docs_router
+from sglang_omni.serve.ops.info_routes import add_server_info_route
+from sglang_omni.serve.ops.metrics import ServerMetrics
+from sglang_omni.serve.ops.mode_routes import ModeRoutes
+from sglang_omni.serve.ops.playground_routes import playground_router
+from sglang_omni.serve.ops.request_log import RequestRecorder
+from sglang_omni.serve.protocol.auth import ApiKeyAuth
+from sglang_omni.serve.protocol.request_states import HoldRequestStates
 from sglang_omni.serve.schemas.responses import Health, ModelList
-from sglang_omni.serve.typed_route import OmniRoute
+from sglang_omni.serve.wire.http_errors import error_response, install_error_handlers
+from sglang_omni.serve.wire.responses import json_response
 
 #: A body without Content-Type is read as JSON (the body reader refuses other types with 415);
 #: FastAPI releases that check the type themselves take this switch, older ones read it so.

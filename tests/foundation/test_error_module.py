@@ -1,5 +1,5 @@
 """One error module: every OmniError class lives in ``sglang_omni.errors``, and no module but the
-wire module (``sglang_omni.serve.http_errors``) writes an HTTP status literal."""
+wire module (``sglang_omni.serve.wire.http_errors``) writes an HTTP status literal."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from sglang_omni.errors import (
 
 PACKAGE = Path(sglang_omni.__file__).parent
 #: The one module allowed to name HTTP statuses besides ``sglang_omni/errors.py``.
-WIRE_MODULE = PACKAGE / "serve" / "http_errors.py"
+WIRE_MODULE = PACKAGE / "serve" / "wire" / "http_errors.py"
 #: The issue's check: ``grep -rn "status_code=4\|status_code=5\|499" sglang_omni``.
 ISSUE_RULE = re.compile(r"status_code=4|status_code=5|499")
 #: A status chosen by assignment or keyword (``status=400``, ``"status": 500``...).

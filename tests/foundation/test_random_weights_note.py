@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sglang_omni import cli
 from sglang_omni.contract import random_weights
-from sglang_omni.serve.startup import ready_line
+from sglang_omni.serve.ops.startup import ready_line
 
 
 def test_a_recorded_note_is_read_back(tmp_path: Path) -> None:

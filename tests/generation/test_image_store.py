@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from sglang_omni.errors import NotFound, ServiceUnavailable
-from sglang_omni.serve import image_store
-from sglang_omni.serve.image_store import IMAGE_RETENTION_S, MAX_IMAGES, ImageStore
-from sglang_omni.serve.video_jobs import MAX_VIDEO_JOBS, VIDEO_RETENTION_S
+from sglang_omni.serve.direct import image_store
+from sglang_omni.serve.direct.image_store import IMAGE_RETENTION_S, MAX_IMAGES, ImageStore
+from sglang_omni.serve.direct.video_jobs import MAX_VIDEO_JOBS, VIDEO_RETENTION_S
 
 
 def test_the_bounds_are_the_video_jobs() -> None:

@@ -252,7 +252,8 @@ def test_a_client_that_stops_reading_loses_its_session() -> None:
 
 def test_an_upgraded_connection_outlives_the_http_deadlines() -> None:
     """Once a connection is a WebSocket, the HTTP protocol's idle, header and body deadlines
-    (``serve/connection.py``, 1 s each here, 2 s more for the body backstop) no longer apply: a
+    (``serve/protocol/connection.py``, 1 s each here, 2 s more for the body backstop) no longer
+    apply: a
     session whose two chunks take about 2.5 s each ends normally, both chunks delivered."""
     with scripted_server("--generation.factory.step_time_s", "0.02", "--server.header_timeout_s",
                          "1", "--server.idle_timeout_s", "1", "--server.body_timeout_s",

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from sglang_omni.errors import BadRequest, ServiceUnavailable
-from sglang_omni.serve.http_errors import GENERIC_500
-from sglang_omni.serve.video_jobs import VideoJob, VideoJobs
+from sglang_omni.serve.direct.video_jobs import VideoJob, VideoJobs
+from sglang_omni.serve.wire.http_errors import GENERIC_500
 
 
 def job(name: str) -> VideoJob:

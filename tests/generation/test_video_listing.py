@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from sglang_omni.errors import BadRequest
-from sglang_omni.serve.video_listing import ListQuery, list_page, list_query
+from sglang_omni.serve.direct.video_listing import ListQuery, list_page, list_query
 from tests.generation.kit import HTTP, scripted_server, wait_video
 from tests.kit import error_of
 from tests.server import Server

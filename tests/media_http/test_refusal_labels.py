@@ -45,7 +45,7 @@ def test_native_sglang_never_sees_the_label_key(tmp_path) -> None:
     from sglang_omni.media.content_parts import CLIENT_LABEL_KEY
     from sglang_omni.media.policy import MediaPolicy
     from sglang_omni.media.workdir import RequestMediaDir
-    from sglang_omni.serve.chat_request import parse_chat_request
+    from sglang_omni.serve.chat.chat_request import parse_chat_request
 
     (tmp_path / "cube.png").write_bytes(PNG)
     req = parse_chat_request({"messages": [{"role": "user", "content": "look"}],

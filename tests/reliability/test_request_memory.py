@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from sglang_omni.serve.request_log import RequestRecorder, note_run
+from sglang_omni.serve.ops.request_log import RequestRecorder, note_run
 
 
 class Media:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from sglang_omni.client import Client, OmniClientError
-from sglang_omni.serve.auth import ApiKeyAuth
+from sglang_omni.serve.protocol.auth import ApiKeyAuth
 from tests.server import SCRIPTED_GENERATION, SCRIPTED_UMM, Server
 from tests.wire.kit import HELLO, HTTP, error_of, post_raw
 

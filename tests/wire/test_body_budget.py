@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from sglang_omni.errors import ServiceUnavailable
-from sglang_omni.serve.body_budget import BodyBudget
+from sglang_omni.serve.bodies.body_budget import BodyBudget
 from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_UMM, Server
 from tests.wire.kit import error_of, post_raw, refused_beside_upload, refused_prompt, status_within

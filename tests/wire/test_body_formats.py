@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
-from sglang_omni.serve.body_formats import accepts, data_url, form_value, formats_of
-from sglang_omni.serve.msgpack_body import (
+from sglang_omni.serve.bodies.body_formats import accepts, data_url, form_value, formats_of
+from sglang_omni.serve.bodies.msgpack_body import (
     decode_msgpack,
     native_array,
     pack_msgpack,
     with_native_arrays,
 )
-from sglang_omni.serve.multipart_body import (
+from sglang_omni.serve.bodies.multipart_body import (
     MAX_FORM_PARTS,
     Form,
     Upload,
@@ -28,7 +28,7 @@ from sglang_omni.serve.multipart_body import (
     parse_form,
     parse_urlencoded,
 )
-from sglang_omni.serve.request_body import json_values_bound
+from sglang_omni.serve.bodies.request_body import json_values_bound
 from sglang_omni.serve.schemas.direct import ImageEditRequest, VideoGenerationRequest
 
 B = b"XyZ"

@@ -21,8 +21,8 @@ from starlette.requests import Request
 
 from sglang_omni.errors import BadRequest
 from sglang_omni.runtime.ipc import Channel, channel_pair, pack_header
-from sglang_omni.serve.body_runs import MIN_RUN, RunSplitter
-from sglang_omni.serve.request_body import parse_json, read_json_body
+from sglang_omni.serve.bodies.body_runs import MIN_RUN, RunSplitter
+from sglang_omni.serve.bodies.request_body import parse_json, read_json_body
 
 MiB = 2**20
 

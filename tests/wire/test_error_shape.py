@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from sglang_omni.serve.http_errors import error_response, install_error_handlers
+from sglang_omni.serve.wire.http_errors import error_response, install_error_handlers
 from tests.server import Server
 from tests.wire.kit import HTTP, error_of
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from sglang_omni.errors import BadRequest
-from sglang_omni.serve.request_body import parse_json
+from sglang_omni.serve.bodies.request_body import parse_json
 from tests.server import Server
 from tests.wire.kit import HELLO, HTTP, error_of, post_raw
 

@@ -1,6 +1,7 @@
 """The uvicorn internals the server's protocol subclasses rely on are still there.
 
-``serve/connection.py`` (``GuardedH11Protocol``, ``BoundedFlow``) and ``serve/ws_protocol.py``
+``serve/protocol/connection.py`` (``GuardedH11Protocol``, ``BoundedFlow``) and
+``serve/protocol/ws_protocol.py``
 (``BudgetedWebSocketProtocol``) subclass uvicorn's private protocol classes: uvicorn has no
 public hook for header, body or send deadlines or for counting a WebSocket's buffered bytes. A
 uvicorn release that renames a method or attribute they use would otherwise break the hardening
@@ -22,8 +23,8 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from sglang_omni.serve.connection import BoundedFlow, GuardedH11Protocol
-from sglang_omni.serve.ws_protocol import BudgetedWebSocketProtocol
+from sglang_omni.serve.protocol.connection import BoundedFlow, GuardedH11Protocol
+from sglang_omni.serve.protocol.ws_protocol import BudgetedWebSocketProtocol
 
 
 def class_tree(cls: type) -> ast.ClassDef:

@@ -7,7 +7,7 @@ import base64
 import json
 import os
 
-from sglang_omni.serve.wire_json import SPLICE_MIN, WINDOW, base64_url, dumps, dumps_bytes
+from sglang_omni.serve.wire.wire_json import SPLICE_MIN, WINDOW, base64_url, dumps, dumps_bytes
 
 
 def test_base64_url_is_the_data_url_of_the_bytes() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_omni.errors import ServiceUnavailable, StageRestarting
-from sglang_omni.serve.http_errors import error_response
+from sglang_omni.serve.wire.http_errors import error_response
 from tests.server import Server
 from tests.umm.kit import HTTP, final, image, metric, post_chat, post_generate, script, umm_server
 

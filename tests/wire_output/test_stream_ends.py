@@ -11,10 +11,10 @@ from typing import Any
 from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest
 from sglang_omni.pipeline.umm import Complete, Segment
-from sglang_omni.serve.chat_request import parse_chat_request
-from sglang_omni.serve.chat_routes import _text_chat_sse
-from sglang_omni.serve.sse import SSE_DONE, SSE_KEEPALIVE, with_keepalive
-from sglang_omni.serve.umm_wire import chat_sse, generate_sse
+from sglang_omni.serve.chat.chat_request import parse_chat_request
+from sglang_omni.serve.chat.chat_routes import _text_chat_sse
+from sglang_omni.serve.wire.sse import SSE_DONE, SSE_KEEPALIVE, with_keepalive
+from sglang_omni.serve.wire.umm_wire import chat_sse, generate_sse
 from tests.umm_contract.test_toy_adapter import toy_adapter
 
 SECRET = "/srv/internal/path Unable to allocate 27.9 GiB"

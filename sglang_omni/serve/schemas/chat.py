@@ -2,8 +2,8 @@
 
 Sampling, length and stop fields are the native chat request's (see
 :mod:`sglang_omni.pipeline.chat_request`); each number field is checked by
-:func:`~sglang_omni.serve.chat_fields.check_number_fields`, messages by
-:func:`~sglang_omni.serve.chat_fields.check_messages`.
+:func:`~sglang_omni.serve.chat.chat_fields.check_number_fields`, messages by
+:func:`~sglang_omni.serve.chat.chat_fields.check_messages`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import Field, create_model
 
 from sglang_omni.pipeline.chat_request import LENGTH_STOP_FIELDS, OUTPUT_FIELDS, SAMPLING_FIELDS
-from sglang_omni.serve.chat_fields import (
+from sglang_omni.serve.chat.chat_fields import (
     INTEGER_FIELDS,
     NUMBER_FIELDS,
     PART_TYPES,

@@ -1,0 +1,151 @@
+"""``/v1/videos`` jobs: held in memory, each running job's task owned by :class:`VideoJobs`.
+
+A finished video is held until it is deleted or :data:`VIDEO_RETENTION_S` passes; at most
+:data:`MAX_VIDEO_JOBS` jobs are held (the oldest finished one makes room; with none finished a
+new job is refused with 503). ``DELETE`` of a queued or running job cancels its task, which
+aborts the generation on the stage. :meth:`VideoJobs.close` (server shutdown) cancels every
+running job and waits for it to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_omni.errors import NotFound, OmniError, ServerError, ServiceUnavailable, ShuttingDown
+from sglang_omni.serve.wire.http_errors import GENERIC_500
+
+log = logging.getLogger("sglang_omni.serve")
+
+MAX_VIDEO_JOBS = 64
+VIDEO_RETENTION_S = 3600
+
+
+@dataclass
+class VideoJob:
+    """One ``/v1/videos`` job, as the native video route reports it."""
+
+    id: str
+    model: str
+    size: str
+    seconds: str
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    status: str = "queued"
+    progress: int = 0
+    completed_at: int | None = None
+    expires_at: int | None = None
+    error: dict[str, Any] | None = None
+    inference_time_s: float | None = None
+    data: bytes | None = field(default=None, repr=False)
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed")
+
+    def body(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "video", "model": self.model, "status": self.status,
+                "progress": self.progress, "created_at": self.created_at, "size": self.size,
+                "seconds": self.seconds, "quality": "standard", "url": None,
+                "completed_at": self.completed_at, "expires_at": self.expires_at,
+                "error": self.error, "inference_time_s": self.inference_time_s}
+
+    def on_progress(self, chunk: dict[str, Any]) -> None:
+        step, steps = chunk.get("step"), chunk.get("steps")
+        if self.status == "queued":
+            self.status = "in_progress"
+        if isinstance(step, int) and isinstance(steps, int) and steps > 0:
+            self.progress = min(99, 100 * step // steps)
+
+    def finish(self, *, data: bytes | None = None, error: OmniError | None = None,
+               engine_s: float | None = None) -> None:
+        self.completed_at = int(time.time())
+        self.expires_at = self.completed_at + VIDEO_RETENTION_S
+        if error is not None:
+            self.status = "failed"
+            self.error = error.to_body()["error"]
+            return
+        self.status, self.progress, self.data = "completed", 100, data
+        self.inference_time_s = engine_s
+
+
+#: Runs a job's generation: returns the MP4 bytes and the engine time; raises OmniError.
+VideoWork = Callable[[VideoJob], Awaitable[tuple[bytes, float]]]
+
+
+class VideoJobs:
+    """The jobs held in memory, oldest first; this object owns every running job's task."""
+
+    def __init__(self) -> None:
+        self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
+        self._closed = False
+        #: Tasks of jobs forgotten (deleted) while running: cancelled, still ending (their
+        #: generation's abort on the stage); ``close`` waits for them too.
+        self._ending: set[asyncio.Task[None]] = set()
+
+    def expire(self) -> None:
+        """Forget finished jobs older than their retention."""
+        now = time.time()
+        for job in [j for j in self.jobs.values() if j.expires_at and j.expires_at <= now]:
+            del self.jobs[job.id]
+
+    def start(self, job: VideoJob, work: VideoWork) -> None:
+        """Hold ``job`` and run ``work`` for it in a task of this owner (503 when full or
+        shutting down)."""
+        if self._closed:
+            raise ShuttingDown()
+        self.expire()
+        if len(self.jobs) >= MAX_VIDEO_JOBS:
+            oldest = next((j for j in self.jobs.values() if j.finished), None)
+            if oldest is None:
+                raise ServiceUnavailable(f"{MAX_VIDEO_JOBS} video jobs are queued or running; "
+                                         "retry later")
+            del self.jobs[oldest.id]
+        self.jobs[job.id] = job
+        job.task = asyncio.create_task(self._run(job, work), name=f"video-job-{job.id}")
+
+    @staticmethod
+    async def _run(job: VideoJob, work: VideoWork) -> None:
+        try:
+            data, engine_s = await work(job)
+            job.finish(data=data, engine_s=engine_s)
+        except OmniError as exc:
+            job.finish(error=exc)
+        except Exception:  # noqa: BLE001 - a bug fails the job, not the server
+            log.exception("video job %s failed unexpectedly", job.id)
+            job.finish(error=ServerError(GENERIC_500))
+
+    def get(self, video_id: str) -> VideoJob:
+        self.expire()
+        job = self.jobs.get(video_id)
+        if job is None:
+            raise NotFound(f"video {video_id!r} not found (deleted, expired after "
+                           f"{VIDEO_RETENTION_S} s, or never created)")
+        return job
+
+    def pop(self, video_id: str) -> VideoJob:
+        """Forget a job; a queued or running one is cancelled (its generation aborted)."""
+        job = self.get(video_id)
+        del self.jobs[video_id]
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+            self._ending.add(job.task)
+            job.task.add_done_callback(self._ending.discard)
+        return job
+
+    async def close(self) -> None:
+        """Shutdown: refuse new jobs, cancel the running ones and wait for them to end."""
+        self._closed = True
+        tasks = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
+        for task in tasks:
+            task.cancel()
+        tasks += list(self._ending)  # cancelled already: let them end
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,1 @@
+"""The WebSocket realtime routes: actions and video, and their messages."""
