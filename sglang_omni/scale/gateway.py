@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
@@ -64,12 +63,10 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from starlette.datastructures import QueryParams
 
 from sglang_omni.aio.race import race
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import (
-    BadRequest,
     OmniError,
     RequestTooSlow,
     ServerError,
@@ -88,13 +85,18 @@ from sglang_omni.scale.asgi_call import (
     StreamCut,
     forwarded,
 )
-from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, merge
+from sglang_omni.scale.fleet_answers import (
+    FleetAnswers,
+    is_fleet_listing,
+    is_fleet_metrics,
+    never,
+)
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
+from sglang_omni.scale.silent_replicas import ReplicaSilent
+from sglang_omni.scale.waiting_room import WaitingRoom
 from sglang_omni.serve.bodies.body_budget import BodyBudget, BodyLease
-from sglang_omni.serve.direct.video_listing import list_page, list_query
 from sglang_omni.serve.wire.http_errors import GENERIC_500, error_response
-from sglang_omni.serve.wire.responses import json_response
 from sglang_omni.serve.wire.sse import ERROR_DATA, ERROR_EVENT, failed_end
 
 log = logging.getLogger("sglang_omni.scale")
@@ -113,49 +115,6 @@ REPLICA_DIED = ("the replica serving this request exited (its server process die
 REPLICA_SILENCE_S = 6.0
 
 
-def replica_silent(replica: str, silence_s: float) -> str:
-    """The error of a request whose replica stopped answering."""
-    return (f"the replica serving this request ({replica}) stopped answering: nothing came "
-            f"from it for {silence_s:g} s, not even its keep-alive (its process is frozen or "
-            "its event loop blocked); new requests go to other replicas, and Ray Serve "
-            "replaces it once its health checks fail; retry the request")
-
-
-class ReplicaSilent(Exception):  # noqa: N818 - what happened, as StreamCut names it
-    """A replica's call brought nothing for the gateway's ``replica_silence_s``."""
-
-    def __init__(self, replica: str, silence_s: float) -> None:
-        super().__init__(replica_silent(replica, silence_s))
-        self.replica = replica
-
-
-class WaitingRoom:
-    """Counts the planned calls that have not reached a replica yet (those the deadline router
-    may hold); ``enter`` says whether one more may wait. Used from the gateway's event loop."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.waiting = 0
-        self._full_logged = False
-
-    def enter(self) -> bool:
-        """Take a place (True), or False when all ``capacity`` places are taken."""
-        if self.waiting >= self.capacity:
-            if self.capacity and not self._full_logged:
-                self._full_logged = True
-                log.warning("%d requests are waiting at this gateway for a replica that admits "
-                            "them (--max-waiting); more are refused at once when no replica "
-                            "admits them", self.waiting)
-            return False
-        self.waiting += 1
-        return True
-
-    def leave(self) -> None:
-        self.waiting -= 1
-        if self._full_logged and self.waiting < self.capacity // 2:
-            self._full_logged = False
-
-
 @dataclass(frozen=True)
 class _Refused:
     """An answer not relayed (read to its end and dropped): another replica is asked."""
@@ -170,22 +129,12 @@ def stream_failure(path: str, exc: OmniError) -> bytes:
     return failed_end(exc, framing).encode()
 
 
-def is_fleet_listing(scope: Scope) -> bool:
-    """Whether the request lists what every replica holds (``GET /v1/videos``)."""
-    return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/videos"
-
-
-def is_fleet_metrics(scope: Scope) -> bool:
-    """Whether the request reads every replica's metrics (``GET /metrics``)."""
-    return scope["method"] == "GET" and scope["path"].rstrip("/") == "/metrics"
-
-
 def is_sse(start: Message) -> bool:
     return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                for k, v in start.get("headers", []))
 
 
-class OmniGateway:
+class OmniGateway(FleetAnswers):
     """A Serve ingress deployment class (``serve.ingress()`` is applied by the builder)."""
 
     def __init__(self, replicas: DeploymentHandle, server: ServerSettings, retries: int,
@@ -326,72 +275,6 @@ class OmniGateway:
                 f"the request body did not arrive within {self.server.body_timeout_s:g} s "
                 "(server.body_timeout_s); send it faster or raise the limit") from None
 
-    async def _every_replica(self, request: dict[str, Any]
-                             ) -> list[tuple[str, Message, bytes]]:
-        """Every replica's answer to ``request`` as (replica, start message, body): replicas
-        are asked in turn (each call excluding those already asked) until one repeats or all
-        answered; a replica that dies is left out."""
-        tried: list[str] = []
-        answers: list[tuple[str, Message, bytes]] = []
-        for _ in range(self.replica_count):
-            call = cast(DeploymentResponseGenerator, self.replicas.options(stream=True).call
-                        .remote(request, exclude=list(tried)))
-            try:
-                replica = await call.__anext__()
-                messages = [m async for batch in self._batches(call, replica) for m in batch]
-            except (RayActorError, StreamCut, ReplicaSilent):
-                log.warning("a replica exited while %s %s asked every replica; its answer is "
-                            "left out", request["method"], request["path"])
-                continue
-            finally:
-                call.cancel()
-            if replica in tried:
-                break
-            tried.append(replica)
-            start = next(m for m in messages if m["type"] == "http.response.start")
-            body = b"".join(m.get("body", b"") for m in messages
-                            if m["type"] == "http.response.body")
-            answers.append((replica, start, body))
-        return answers
-
-    async def _list_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
-                               ) -> None:
-        """``GET /v1/videos`` of the fleet: the page of every replica's jobs the query selects
-        (each replica is asked for all of its jobs: a page of one is no page of the fleet's); an
-        answer other than 200 is relayed as it is."""
-        jobs: list[dict[str, Any]] = []
-        for _, start, body in await self._every_replica({**request, "query_string": b""}):
-            if start["status"] != 200:  # a refused API key, say: as one server answers
-                await _send_answer(send, start, body)
-                return
-            jobs.extend(json.loads(body)["data"])
-        try:  # after the replicas' answers, as one server checks the key before the query
-            query = list_query(QueryParams(scope.get("query_string", b"")))
-        except BadRequest as exc:
-            await error_response(exc, self.server.retry_after_s)(scope, _never, send)
-            return
-        await json_response(list_page(jobs, query))(scope, _never, send)
-
-    async def _metrics_everywhere(self, request: dict[str, Any], send: Send
-                                  ) -> None:
-        """``GET /metrics`` of the fleet: every replica's metrics, labelled by replica
-        (:mod:`~sglang_omni.scale.fleet_metrics`), then this gateway's, labelled by gateway;
-        an answer other than 200 is relayed."""
-        texts: list[tuple[str, str]] = []
-        content_type = b"text/plain; version=0.0.4; charset=utf-8"
-        for replica, start, body in await self._every_replica(request):
-            if start["status"] != 200:
-                await _send_answer(send, start, body)
-                return
-            content_type = dict(start.get("headers", [])).get(b"content-type", content_type)
-            texts.append((replica, body.decode("utf-8", "replace")))
-        merged = (merge(texts) + merge([(self.name, self.metrics.exposition())],
-                                       GATEWAY_LABEL)).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", content_type),
-                                (b"content-length", str(len(merged)).encode())]})
-        await send({"type": "http.response.body", "body": merged, "more_body": False})
-
     def may_retry(self, scope: Scope, status: int, attempt: int) -> bool:
         """Whether answer ``status`` of attempt ``attempt`` (0 first) is asked elsewhere."""
         if status == 503:
@@ -506,7 +389,7 @@ class OmniGateway:
             log.error("request %s %s failed in the gateway", scope["method"], scope["path"],
                       exc_info=exc)
         if started is None:
-            await error_response(error, self.server.retry_after_s)(scope, _never, send)
+            await error_response(error, self.server.retry_after_s)(scope, never, send)
         elif is_sse(started):
             await send({"type": "http.response.body",
                         "body": stream_failure(scope["path"], error), "more_body": False})
@@ -530,16 +413,6 @@ class _Asgi:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.gateway.asgi(scope, receive, send)
-
-
-async def _send_answer(send: Send, start: Message, body: bytes) -> None:
-    await send(start)
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _never() -> Message:
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
 
 
 async def _relay_session(call: DeploymentResponseGenerator, send: Send,

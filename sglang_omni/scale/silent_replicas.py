@@ -34,3 +34,19 @@ def silent() -> frozenset[str]:
         for replica in [r for r, at in _marked.items() if now - at > SILENT_FOR_S]:
             del _marked[replica]
         return frozenset(_marked)
+
+
+def replica_silent(replica: str, silence_s: float) -> str:
+    """The error of a request whose replica stopped answering."""
+    return (f"the replica serving this request ({replica}) stopped answering: nothing came "
+            f"from it for {silence_s:g} s, not even its keep-alive (its process is frozen or "
+            "its event loop blocked); new requests go to other replicas, and Ray Serve "
+            "replaces it once its health checks fail; retry the request")
+
+
+class ReplicaSilent(Exception):  # noqa: N818 - what happened, as StreamCut names it
+    """A replica's call brought nothing for the gateway's ``replica_silence_s``."""
+
+    def __init__(self, replica: str, silence_s: float) -> None:
+        super().__init__(replica_silent(replica, silence_s))
+        self.replica = replica

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from sglang_omni.scale.gateway import REPLICA_SILENCE_S, replica_silent  # noqa: E402
+from sglang_omni.scale.gateway import REPLICA_SILENCE_S  # noqa: E402
+from sglang_omni.scale.silent_replicas import replica_silent  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy  # noqa: E402
 from tests.scale.test_fleet_faults import (  # noqa: E402
     GEN,

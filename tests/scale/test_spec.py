@@ -108,7 +108,7 @@ def test_only_the_deadline_router_takes_the_wait() -> None:
 
 def test_the_waiting_room_holds_max_waiting_requests() -> None:
     pytest.importorskip("ray.serve")
-    from sglang_omni.scale.gateway import WaitingRoom
+    from sglang_omni.scale.waiting_room import WaitingRoom
 
     room = WaitingRoom(2)
     assert [room.enter(), room.enter(), room.enter()] == [True, True, False]
