@@ -37,10 +37,34 @@ def held(seconds: float) -> str:
 @pytest.fixture(scope="module")
 def fleet(cluster: RayCluster) -> Fleet:
     # The generation stage is never restarted: its death leaves the replica unhealthy for good.
-    # The Reasoner takes 2 s to start, so a replacement replica is seen starting.
+    # The Reasoner takes 3 s to start, so a replacement replica is seen starting.
     return deploy(cluster, "--generation.factory.step_time_s", "0.01",
                   "--generation.factory.max_restarts", "0",
-                  "--reasoner.factory.start_delay_s", "2", router="round_robin")
+                  "--reasoner.factory.start_delay_s", "3", router="round_robin")
+
+
+class Replacement(threading.Thread):
+    """Polls the fleet's stats until both replicas are ok and ``gone`` is not among them:
+    ``after`` (those stats, None past 60 s), ``starting`` (replicas seen listed as starting)."""
+
+    def __init__(self, fleet: Fleet, gone: str) -> None:
+        super().__init__(daemon=True)
+        self.fleet, self.gone = fleet, gone
+        self.starting: set[str] = set()
+        self.seen: list[list[dict[str, Any]]] = []
+        self.after: list[dict[str, Any]] | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stats = self.fleet.stats()
+            self.seen.append(stats)
+            self.starting.update(s["replica"] for s in stats if s["health"] == "starting")
+            if len(stats) == 2 and self.gone not in {s["replica"] for s in stats} \
+                    and all(s["health"] == "ok" for s in stats):
+                self.after = stats
+                return
+            time.sleep(0.1)
 
 
 class Call(threading.Thread):
@@ -101,8 +125,12 @@ def test_kill_9_of_a_replica_fails_only_its_requests_and_ray_replaces_it(fleet: 
     wait_in_flight(fleet, [2, 2])
 
     stages = processes([stage["pid"] for stage in victim["stages"].values()])
+    # The replacement's stats are watched from the kill on: its stages start in a few seconds
+    # (the Reasoner's start_delay_s), while the calls below may take as long to end.
+    watch = Replacement(fleet, first)
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
+    watch.start()
     for call in (mine_stream, mine_plain, theirs_stream, theirs_plain):
         call.join(30)
     # The victim's requests end promptly with the error a dead server process gives.
@@ -123,18 +151,12 @@ def test_kill_9_of_a_replica_fails_only_its_requests_and_ray_replaces_it(fleet: 
         while not gone(stage) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert gone(stage), stage
-    starting: set[str] = set()
-
-    def replaced(stats: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-        starting.update(s["replica"] for s in stats if s["health"] == "starting")
-        ids = {s["replica"] for s in stats}
-        return stats if (len(stats) == 2 and first not in ids
-                         and all(s["health"] == "ok" for s in stats)) else None
-
-    after = fleet.wait(replaced, timeout=60, what="a replacement replica")
+    watch.join(70)
+    after = watch.after
+    assert after is not None, f"no replacement replica within 60 s: {watch.seen[-3:]}"
     assert second in {s["replica"] for s in after}
     # While its stages started, the replacement was listed as starting (not as unreachable).
-    assert starting == {s["replica"] for s in after} - {second}
+    assert watch.starting == {s["replica"] for s in after} - {second}
     assert httpx.post(f"{fleet.url}/generate", json={"prompt": held(0), "stage_params": GEN},
                       timeout=30).status_code == 200
 
