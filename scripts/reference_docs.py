@@ -157,7 +157,10 @@ def configuration() -> str:
             "classes they registered. For example `tests/toy_model/toy-umm-scripted.yaml` "
             "serves the toy model of `tests/toy_model` (its own adapter, prompts and limits) "
             "through the same routes:", "", "```yaml", "model_packages: [tests.toy_model]",
-            "config_cls: ToyUMMPipelineConfig", "```", ""]
+            "config_cls: ToyUMMPipelineConfig", "```", "",
+            "Every process that loads the config imports them: the server and its stage "
+            "processes, and with `--ray` every Ray node that runs a replica, so install a model "
+            "package in each node's environment (or ship it with Ray's `runtime_env`).", ""]
     out += ["## Pipelines and their stages\n"]
     for name in PIPELINES:
         cls = pipeline_class(name)
