@@ -49,10 +49,10 @@ from sglang_omni.pipeline.umm import (
     DispatchReceipt,
     Limits,
     UMMController,
-    UMMPipelineConfig,
     UMMRequest,
     UMMRun,
 )
+from sglang_omni.pipeline.umm_config import UMMPipelineConfig
 from sglang_omni.runtime.request_ids import RequestIds
 from sglang_omni.runtime.stage_handle import StageHandle
 

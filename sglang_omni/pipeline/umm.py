@@ -1,4 +1,5 @@
-"""The interleaving controller contract: ``UMMAdapter``, ``UMMPipelineConfig`` and the
+"""The interleaving controller contract: ``UMMAdapter`` (its pipelines' config base:
+``pipeline.umm_config.UMMPipelineConfig``) and the
 model-agnostic ``UMMController`` that drives any adapter.
 
 The controller knows no model. Per request it asks the adapter for a ``Step``: outputs to emit
@@ -20,14 +21,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import (
     BadRequest,
-    ConfigError,
     OmniError,
     RequestTimeout,
     ServerError,
@@ -155,51 +154,6 @@ class UMMAdapter(Protocol):
     def close(self) -> None: ...
 
 
-class UMMPipelineConfig(PipelineConfig):
-    """Base of interleaved pipelines: names the adapter and the inline/output limits.
-
-    ``largest_output_bytes(max_dispatches)`` is what the configured number of dispatches can
-    produce at most; config loading refuses a ``max_retained_bytes`` or ``max_outputs`` that
-    cannot hold it.
-    """
-
-    mode = "umm"
-    adapter_cls: ClassVar[type]
-    max_generations: ClassVar[int] = 8
-
-    @classmethod
-    def umm_adapter(cls) -> str | None:
-        return f"{cls.adapter_cls.__module__}:{cls.adapter_cls.__qualname__}"
-
-    @classmethod
-    def largest_output_bytes(cls, max_dispatches: int) -> int:
-        """Subclasses say what their outputs can take; the base assumes every dispatch may
-        output one media item at the 8 MiB inline limit, base64-encoded."""
-        return max_dispatches * 4 * math.ceil(INLINE_LIMIT / 3)
-
-    @classmethod
-    def largest_output_count(cls, max_dispatches: int) -> int:
-        return max_dispatches
-
-    @classmethod
-    def validate(cls, config: ResolvedConfig) -> None:
-        factory = config.stage("orchestrator").factory
-        dispatches = factory["max_dispatches"]
-        need_bytes = cls.largest_output_bytes(dispatches)
-        if factory["max_retained_bytes"] < need_bytes:
-            raise ConfigError(
-                f"stages.orchestrator.factory.max_retained_bytes: {factory['max_retained_bytes']} "
-                f"cannot hold the largest output of max_dispatches={dispatches} "
-                f"({need_bytes / MiB:.1f} MiB); set it to at least {need_bytes}"
-            )
-        need_outputs = cls.largest_output_count(dispatches)
-        if factory["max_outputs"] < need_outputs:
-            raise ConfigError(
-                f"stages.orchestrator.factory.max_outputs: {factory['max_outputs']} cannot hold "
-                f"the outputs of max_dispatches={dispatches}; set it to at least {need_outputs}"
-            )
-
-
 # --- the controller ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Limits:
@@ -324,6 +278,7 @@ class UMMRun:
         ctl, state, adapter = self.controller, self.state, self.adapter
         step = self.first
         making: list[asyncio.Future[Output]] = []  # outputs being made, in wire order
+        made_by: str | None = None  # the stage making them (the last dispatch's)
         call: asyncio.Future[StageResult] | None = None
         try:
             while True:
@@ -336,7 +291,7 @@ class UMMRun:
                         yield await self._segment(output)
                 if step.dispatch is None:
                     while making:
-                        yield await self._segment(await self._within(making.pop(0)))
+                        yield await self._segment(await self._finished(making.pop(0), made_by))
                     yield Complete(step.finish_reason or "stop", tuple(state.segments),
                                    adapter.usage())
                     return
@@ -363,7 +318,7 @@ class UMMRun:
                     failure = exc
                 call = None
                 while making:  # what was made beside the dispatch goes out before its outcome
-                    yield await self._segment(await self._within(making.pop(0)))
+                    yield await self._segment(await self._finished(making.pop(0), made_by))
                 if failure is not None:
                     raise failure
                 if result.later is not None and not self._room_for_copy(result):
@@ -372,6 +327,7 @@ class UMMRun:
                 state.hold(json_size(result.payload))
                 if result.later is not None:  # an early result: its frames are held too
                     state.hold(sum(len(frame) for frame in result.frames))
+                made_by = result.stage
                 step = adapter.advance(result, state.budget())
         finally:
             try:
@@ -397,6 +353,17 @@ class UMMRun:
         digest = None if output.data is None else \
             await asyncio.to_thread(_sha256, output.data)
         return self.state.accept(output, digest)
+
+    async def _finished(self, made: asyncio.Future[Output], stage: str | None) -> Output:
+        """``made``'s output, within the deadline; the time the request waits for it with no
+        dispatch running (its media still being encoded) is its stage's ``encode`` time."""
+        if made.done() or not stage:
+            return await self._within(made)
+        started = self.controller.clock()
+        try:
+            return await self._within(made)
+        finally:
+            self.state.timeline.add(stage, {"encode": self.controller.clock() - started})
 
     async def _within(self, work: Awaitable[_T]) -> _T:
         """Await ``work`` within the request's deadline (RequestTimeout past it)."""

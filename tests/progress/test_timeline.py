@@ -78,3 +78,19 @@ def test_the_log_line_and_metrics_carry_the_timeline(server: Server) -> None:
         count = re.search(rf'sgl_omni_request_span_seconds_count{{span="{re.escape(span)}"}} '
                           r"([\d.]+)", metrics)
         assert count is not None and float(count.group(1)) >= 1, span
+
+
+def test_a_wait_for_a_video_still_being_encoded_counts_as_encoding(server: Server) -> None:
+    """The client's MP4 is encoded beside the next Reasoner turn; when the request has to wait
+    for it once that turn ended, the wait is the generation's ``encode``, not the server's."""
+    body = {"prompt": script(video("!encode-delay=2 a slow clip"), final("done")),
+            "rid": "timeline-encode", "stage_params": {"generation": SMALL}}
+    resp = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert wait_until(lambda: "rid=timeline-encode " in server.log(), timeout=10)
+    line = next(x for x in server.log().splitlines() if "rid=timeline-encode " in x)
+    raw = re.search(r" timeline=(\S+)", line).group(1)
+    timeline = {k: float(v) for k, v in (item.split(":") for item in raw.split(","))}
+    assert timeline["generation.encode"] >= 2.0, timeline
+    duration = float(re.search(r" duration_s=([\d.]+)", line).group(1))
+    assert sum(timeline.values()) == pytest.approx(duration, abs=0.02)

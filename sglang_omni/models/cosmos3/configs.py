@@ -13,7 +13,7 @@ from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 from sglang_omni.models.cosmos3.decision import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
 from sglang_omni.models.cosmos3.model import COSMOS3
-from sglang_omni.pipeline.umm import UMMPipelineConfig
+from sglang_omni.pipeline.umm_config import UMMPipelineConfig
 
 UTF8_MAX = 4  # bytes per character at worst
 

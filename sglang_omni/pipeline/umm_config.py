@@ -1,0 +1,57 @@
+"""``UMMPipelineConfig``: the config base of interleaved pipelines (their adapter, and the
+output limits config loading checks against what their dispatches can produce)."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
+from sglang_omni.config.stages import MiB
+from sglang_omni.errors import ConfigError
+from sglang_omni.media.types import INLINE_LIMIT
+
+
+class UMMPipelineConfig(PipelineConfig):
+    """Base of interleaved pipelines: names the adapter and the inline/output limits.
+
+    ``largest_output_bytes(max_dispatches)`` is what the configured number of dispatches can
+    produce at most; config loading refuses a ``max_retained_bytes`` or ``max_outputs`` that
+    cannot hold it.
+    """
+
+    mode = "umm"
+    adapter_cls: ClassVar[type]
+    max_generations: ClassVar[int] = 8
+
+    @classmethod
+    def umm_adapter(cls) -> str | None:
+        return f"{cls.adapter_cls.__module__}:{cls.adapter_cls.__qualname__}"
+
+    @classmethod
+    def largest_output_bytes(cls, max_dispatches: int) -> int:
+        """Subclasses say what their outputs can take; the base assumes every dispatch may
+        output one media item at the 8 MiB inline limit, base64-encoded."""
+        return max_dispatches * 4 * math.ceil(INLINE_LIMIT / 3)
+
+    @classmethod
+    def largest_output_count(cls, max_dispatches: int) -> int:
+        return max_dispatches
+
+    @classmethod
+    def validate(cls, config: ResolvedConfig) -> None:
+        factory = config.stage("orchestrator").factory
+        dispatches = factory["max_dispatches"]
+        need_bytes = cls.largest_output_bytes(dispatches)
+        if factory["max_retained_bytes"] < need_bytes:
+            raise ConfigError(
+                f"stages.orchestrator.factory.max_retained_bytes: {factory['max_retained_bytes']} "
+                f"cannot hold the largest output of max_dispatches={dispatches} "
+                f"({need_bytes / MiB:.1f} MiB); set it to at least {need_bytes}"
+            )
+        need_outputs = cls.largest_output_count(dispatches)
+        if factory["max_outputs"] < need_outputs:
+            raise ConfigError(
+                f"stages.orchestrator.factory.max_outputs: {factory['max_outputs']} cannot hold "
+                f"the outputs of max_dispatches={dispatches}; set it to at least {need_outputs}"
+            )
