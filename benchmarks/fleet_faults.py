@@ -50,6 +50,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ def deploy(args: argparse.Namespace, nodes: LocalNodes | None) -> None:
         app = build(source, ScaleOptions(replicas=args.replicas))
         serve.run(app if nodes is None else on_head(app), name=APP, route_prefix="/")
         healthy(args.replicas, set(), RECOVER_WITHIN_S)
-        if nodes is None or on_node(nodes.worker().unique_id):
+        if nodes is None or on_node(nodes.worker().node_id):
             return
         print("note: no replica on the worker node; deploying again", file=sys.stderr)
     raise RuntimeError(f"Serve placed no replica on the worker node in {PLACEMENT_ATTEMPTS} "
@@ -196,16 +197,18 @@ def fault(kind: str, load: Load, args: argparse.Namespace, nodes: LocalNodes | N
     if kind == "node-kill":
         assert nodes is not None
         node = nodes.worker()
-        victims = on_node(node.unique_id)
+        victims = on_node(node.node_id)
         if not victims:
             raise RuntimeError("node-kill: no replica runs on the worker node now")
         in_flight = sum(s["in_flight"] for s in victims)
+        counted = gateway_failures(load.url)
         at = time.monotonic()
         extra["processes"] = nodes.kill(node)
         back = healthy(args.replicas, {s["replica"] for s in victims}, RECOVER_WITHIN_S)
         extra["replicas_on_node"] = len(victims)
         time.sleep(STEADY_S)  # requests after the recovery
         nodes.forget(node)
+        extra["counted"] = gateway_failures(load.url) - counted
         return measure(kind, load, at, back, in_flight) | extra
     stats = sorted(replica_stats(APP), key=lambda s: -s["in_flight"])
     victim = stats[0]
@@ -229,6 +232,14 @@ def fault(kind: str, load: Load, args: argparse.Namespace, nodes: LocalNodes | N
     return measure(kind, load, at, back, in_flight)
 
 
+def gateway_failures(url: str) -> float:
+    """The gateway's count of requests a replica's death or silence failed (its metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("sgl_omni_gateway_replica_exits_total",
+                                   "sgl_omni_gateway_replica_silences_total")))
+
+
 def measure(kind: str, load: Load, at: float, back: float, in_flight: int) -> dict[str, Any]:
     """The row of a fault at ``at``, recovered at ``back``, with ``in_flight`` requests on what
     it hit (the clients' outcomes up to now)."""
@@ -244,6 +255,7 @@ def measure(kind: str, load: Load, at: float, back: float, in_flight: int) -> di
         "around_s": max((o.sent - at for o in failed if o.sent > at), default=0.0),
         "replaced_s": back - at, "after": len(after),
         "served": sum(o.end == "complete" for o in window),
+        "said": dict(Counter(o.message[:80] for o in failed)),
     }
 
 

@@ -53,7 +53,7 @@ class LocalNodes:
 
     @property
     def head_id(self) -> str:
-        return str(self.cluster.head_node.unique_id)
+        return str(self.cluster.head_node.node_id)
 
     def add(self) -> Any:
         """Start a worker node and wait until the cluster lists it; the node."""
@@ -80,18 +80,24 @@ class LocalNodes:
                 found.setdefault(proc.pid, proc)
         return list(found.values())
 
-    def kill(self, node: Any) -> int:
-        """Kill every process of worker ``node`` at once (all stopped, then all killed); how
-        many. Returns at once: :meth:`forget` reaps them."""
+    def kill(self, node: Any) -> list[str]:
+        """Kill every process of worker ``node`` at once (all stopped, then all killed); their
+        names. Returns at once: :meth:`forget` reaps them."""
         mine = os.getpid()
         procs = [p for p in self.processes(node) if p.pid != mine]
+        names = []
+        for proc in procs:
+            try:
+                names.append(proc.name())
+            except psutil.NoSuchProcess:
+                names.append("?")
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for proc in procs:
                 try:
                     proc.send_signal(sig)
                 except psutil.NoSuchProcess:
                     pass
-        return len(procs)
+        return sorted(names)
 
     def forget(self, node: Any) -> None:
         """Drop killed ``node`` from the cluster, reaping the processes this one started."""
