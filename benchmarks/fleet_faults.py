@@ -67,13 +67,14 @@ from sglang_omni.scale.spec import ScaleOptions, ServerSource
 ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
 APP = "omni"
-FAULTS = ("replica-kill", "stage-kill", "replica-stop", "node-kill")
+FAULTS = ("replica-kill", "stage-kill", "replica-stop", "node-kill", "node-stop")
 REPLICA_EXITED = "the replica serving this request exited"
 #: What a failed request's error must say for each fault (its true cause), one of these.
 CAUSES = {"replica-kill": (REPLICA_EXITED,), "stage-kill": ("the generation stage",),
           "replica-stop": ("stopped answering",),
           # the replica's process is gone, or (a host gone without a word) silent
-          "node-kill": (REPLICA_EXITED, "stopped answering")}
+          "node-kill": (REPLICA_EXITED, "stopped answering"),
+          "node-stop": (REPLICA_EXITED, "stopped answering")}
 #: Deployments tried before giving up on Serve placing a replica on the worker node.
 PLACEMENT_ATTEMPTS = 4
 #: Seconds of load before the first fault and between recovery and the next fault.
@@ -194,7 +195,7 @@ def fault(kind: str, load: Load, args: argparse.Namespace, nodes: LocalNodes | N
     what the clients saw."""
     time.sleep(STEADY_S)  # steady load (the benchmark paces itself; nothing to sync on)
     extra: dict[str, Any] = {}
-    if kind == "node-kill":
+    if kind in ("node-kill", "node-stop"):
         assert nodes is not None
         node = nodes.worker()
         victims = on_node(node.node_id)
@@ -203,7 +204,7 @@ def fault(kind: str, load: Load, args: argparse.Namespace, nodes: LocalNodes | N
         in_flight = sum(s["in_flight"] for s in victims)
         counted = gateway_failures(load.url)
         at = time.monotonic()
-        extra["processes"] = nodes.kill(node)
+        extra["processes"] = nodes.kill(node, stop_only=kind == "node-stop")
         back = healthy(args.replicas, {s["replica"] for s in victims}, RECOVER_WITHIN_S)
         extra["replicas_on_node"] = len(victims)
         time.sleep(STEADY_S)  # requests after the recovery
@@ -309,7 +310,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--faults", default=",".join(FAULTS[:3]),
-                        help=f"some of {','.join(FAULTS)} (node-kill runs a two-node cluster)")
+                        help=f"some of {','.join(FAULTS)} (node-kill and node-stop run a "
+                        "two-node cluster)")
     parser.add_argument("--stop-s", type=float, default=20.0,
                         help="seconds a stopped replica stays stopped at least")
     parser.add_argument("--json", help="also write every run's rows to this file")
@@ -321,7 +323,8 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cpus = 4 * args.replicas + 4
-    nodes = LocalNodes(cpus) if "node-kill" in args.faults.split(",") else None
+    on_nodes = {"node-kill", "node-stop"} & set(args.faults.split(","))
+    nodes = LocalNodes(cpus) if on_nodes else None
     if nodes is not None:
         nodes.add()
     ray.init(address=None if nodes is None else nodes.address,

@@ -80,9 +80,10 @@ class LocalNodes:
                 found.setdefault(proc.pid, proc)
         return list(found.values())
 
-    def kill(self, node: Any) -> list[str]:
-        """Kill every process of worker ``node`` at once (all stopped, then all killed); their
-        names. Returns at once: :meth:`forget` reaps them."""
+    def kill(self, node: Any, stop_only: bool = False) -> list[str]:
+        """Kill every process of worker ``node`` at once (all stopped, then all killed; with
+        ``stop_only``, only stopped: a host gone from the network); their names. Returns at
+        once: :meth:`forget` kills what is left and reaps them."""
         mine = os.getpid()
         procs = [p for p in self.processes(node) if p.pid != mine]
         names = []
@@ -91,7 +92,7 @@ class LocalNodes:
                 names.append(proc.name())
             except psutil.NoSuchProcess:
                 names.append("?")
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for sig in (signal.SIGSTOP,) if stop_only else (signal.SIGSTOP, signal.SIGKILL):
             for proc in procs:
                 try:
                     proc.send_signal(sig)
@@ -100,7 +101,13 @@ class LocalNodes:
         return sorted(names)
 
     def forget(self, node: Any) -> None:
-        """Drop killed ``node`` from the cluster, reaping the processes this one started."""
+        """Kill what is left of ``node`` and drop it from the cluster, reaping the processes
+        this one started."""
+        for proc in self.processes(node):
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
         self.workers.remove(node)
         self.cluster.worker_nodes.discard(node)
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
