@@ -21,7 +21,13 @@ Once the fleet has served a steady while, each fault in turn hits one replica:
   and a worker node; Serve spreads the replicas over both, and the benchmark redeploys until one
   runs on the worker node), then kills every process of the worker node at once (its raylet,
   its agents, its Ray workers with the replicas on it, their stage processes: ``SIGSTOP`` of
-  all, then ``SIGKILL`` of all, as a power cut). Ray replaces the node's replicas on the head.
+  all, then ``SIGKILL`` of all, as a power cut). Ray replaces the node's replicas on the head;
+* ``node-stop``: the same node's processes all stopped (``SIGSTOP``) and left so, as a host gone
+  from the network (nothing answers, no connection closes), then killed once Ray has replaced
+  its replicas.
+
+``node-kill`` and ``node-stop`` each need a replica on the worker node: ask for one of them a
+run (after it, Serve's replacement runs on the head).
 
 For each fault the table shows: ``in flight``, the faulted replica's requests in flight just
 before (its routing stats); ``failed``, requests that ended without a complete answer from the
@@ -319,6 +325,9 @@ def main() -> int:
     unknown = set(args.faults.split(",")) - set(FAULTS)
     if unknown:
         parser.error(f"--faults: unknown {', '.join(sorted(unknown))}; one of {FAULTS}")
+    if len({"node-kill", "node-stop"} & set(args.faults.split(","))) > 1:
+        parser.error("--faults: node-kill and node-stop each need a replica on the worker "
+                     "node; run them one at a time")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
