@@ -263,6 +263,8 @@ def measure(kind: str, load: Load, at: float, back: float, in_flight: int) -> di
         "replaced_s": back - at, "after": len(after),
         "served": sum(o.end == "complete" for o in window),
         "said": dict(Counter(o.message[:80] for o in failed)),
+        # sent before the recovery and still without an answer 5 s after it
+        "hung": sum(not o.ended and o.sent <= back for o in load.outcomes),
     }
 
 
