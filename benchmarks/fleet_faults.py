@@ -1,8 +1,8 @@
 """Fleet chaos: faults in a fleet of replicas under steady streaming load, and what clients saw.
 
 Usage: python benchmarks/fleet_faults.py [--runs 3] [--replicas 2] [--clients 8]
-       [--step-time 0.05] [--faults replica-kill,stage-kill,replica-stop] [--stop-s 45]
-       [--json FILE]
+       [--step-time 0.05] [--faults replica-kill,stage-kill,replica-stop,node-kill]
+       [--stop-s 45] [--json FILE]
 
 Starts a local Ray instance, deploys the interleaved pipeline with the scripted engines
 (``configs/cpu-scripted.yaml``, the ``deadline`` router, Ray's default health checks) on
@@ -14,7 +14,20 @@ Once the fleet has served a steady while, each fault in turn hits one replica:
 * ``stage-kill``: ``kill -9`` of the generation stage process inside one replica;
 * ``replica-stop``: ``SIGSTOP`` of the replica's server process, ``SIGCONT`` once Ray has
   replaced it and ``--stop-s`` seconds have passed (the process then sees its stages gone while
-  Ray stops it: no client may hear of that).
+  Ray stops it: no client may hear of that);
+* ``node-kill``: the death of a whole node of a multi-node Ray cluster. With this fault the
+  benchmark runs a local cluster of two nodes on this machine instead of one Ray instance
+  (:mod:`ray_nodes`: a head node, which runs Serve's controller, its HTTP proxy and the gateway,
+  and a worker node; Serve spreads the replicas over both, and the benchmark redeploys until one
+  runs on the worker node), then kills every process of the worker node at once (its raylet,
+  its agents, its Ray workers with the replicas on it, their stage processes: ``SIGSTOP`` of
+  all, then ``SIGKILL`` of all, as a power cut). Ray replaces the node's replicas on the head;
+* ``node-stop``: the same node's processes all stopped (``SIGSTOP``) and left so, as a host gone
+  from the network (nothing answers, no connection closes), then killed once Ray has replaced
+  its replicas.
+
+``node-kill`` and ``node-stop`` each need a replica on the worker node: ask for one of them a
+run (after it, Serve's replacement runs on the head).
 
 For each fault the table shows: ``in flight``, the faulted replica's requests in flight just
 before (its routing stats); ``failed``, requests that ended without a complete answer from the
@@ -43,6 +56,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +64,7 @@ from typing import Any
 import httpx
 import ray
 from ray import serve
+from ray_nodes import LocalNodes, on_head
 
 from sglang_omni.scale.builder import build
 from sglang_omni.scale.launch import replica_stats
@@ -58,10 +73,16 @@ from sglang_omni.scale.spec import ScaleOptions, ServerSource
 ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
 APP = "omni"
-FAULTS = ("replica-kill", "stage-kill", "replica-stop")
-#: What a failed request's error must say for each fault (its true cause).
-CAUSES = {"replica-kill": "the replica serving this request exited",
-          "stage-kill": "the generation stage", "replica-stop": "stopped answering"}
+FAULTS = ("replica-kill", "stage-kill", "replica-stop", "node-kill", "node-stop")
+REPLICA_EXITED = "the replica serving this request exited"
+#: What a failed request's error must say for each fault (its true cause), one of these.
+CAUSES = {"replica-kill": (REPLICA_EXITED,), "stage-kill": ("the generation stage",),
+          "replica-stop": ("stopped answering",),
+          # the replica's process is gone, or (a host gone without a word) silent
+          "node-kill": (REPLICA_EXITED, "stopped answering"),
+          "node-stop": (REPLICA_EXITED, "stopped answering")}
+#: Deployments tried before giving up on Serve placing a replica on the worker node.
+PLACEMENT_ATTEMPTS = 4
 #: Seconds of load before the first fault and between recovery and the next fault.
 STEADY_S = 5.0
 #: Seconds a fault may take to recover before the run gives up on it.
@@ -133,14 +154,28 @@ class Load:
         return thread
 
 
-def deploy(args: argparse.Namespace) -> None:
-    if APP in serve.status().applications:
-        serve.delete(APP)
+def deploy(args: argparse.Namespace, nodes: LocalNodes | None) -> None:
+    """Deploy afresh and wait until every replica is healthy; on a cluster of ``nodes``, with
+    the gateway on the head and at least one replica on the worker node."""
     overrides = {"generation.factory.step_time_s": args.step_time,
                  "orchestrator.factory.timeout_s": 120, "orchestrator.factory.max_active": 64}
     source = ServerSource.from_file(CONFIG, overrides)
-    serve.run(build(source, ScaleOptions(replicas=args.replicas)), name=APP, route_prefix="/")
-    healthy(args.replicas, set(), RECOVER_WITHIN_S)
+    for _ in range(PLACEMENT_ATTEMPTS):
+        if APP in serve.status().applications:
+            serve.delete(APP)
+        app = build(source, ScaleOptions(replicas=args.replicas))
+        serve.run(app if nodes is None else on_head(app), name=APP, route_prefix="/")
+        healthy(args.replicas, set(), RECOVER_WITHIN_S)
+        if nodes is None or on_node(nodes.worker().node_id):
+            return
+        print("note: no replica on the worker node; deploying again", file=sys.stderr)
+    raise RuntimeError(f"Serve placed no replica on the worker node in {PLACEMENT_ATTEMPTS} "
+                       "deployments")
+
+
+def on_node(node_id: str) -> list[dict[str, Any]]:
+    """The routing stats of the replicas on node ``node_id``."""
+    return [s for s in replica_stats(APP) if s.get("node") == node_id]
 
 
 def healthy(replicas: int, gone: set[str], within_s: float,
@@ -160,9 +195,28 @@ def healthy(replicas: int, gone: set[str], within_s: float,
     raise RuntimeError(f"the fleet did not recover within {within_s:g} s")
 
 
-def fault(kind: str, load: Load, args: argparse.Namespace) -> dict[str, Any]:
-    """Hit one replica with ``kind`` and measure what the clients saw."""
+def fault(kind: str, load: Load, args: argparse.Namespace, nodes: LocalNodes | None
+          ) -> dict[str, Any]:
+    """Hit one replica (``node-kill``: a node, with its replicas) with ``kind`` and measure
+    what the clients saw."""
     time.sleep(STEADY_S)  # steady load (the benchmark paces itself; nothing to sync on)
+    extra: dict[str, Any] = {}
+    if kind in ("node-kill", "node-stop"):
+        assert nodes is not None
+        node = nodes.worker()
+        victims = on_node(node.node_id)
+        if not victims:
+            raise RuntimeError("node-kill: no replica runs on the worker node now")
+        in_flight = sum(s["in_flight"] for s in victims)
+        counted = gateway_failures(load.url)
+        at = time.monotonic()
+        extra["processes"] = nodes.kill(node, stop_only=kind == "node-stop")
+        back = healthy(args.replicas, {s["replica"] for s in victims}, RECOVER_WITHIN_S)
+        extra["replicas_on_node"] = len(victims)
+        time.sleep(STEADY_S)  # requests after the recovery
+        nodes.forget(node)
+        extra["counted"] = gateway_failures(load.url) - counted
+        return measure(kind, load, at, back, in_flight) | extra
     stats = sorted(replica_stats(APP), key=lambda s: -s["in_flight"])
     victim = stats[0]
     in_flight = victim["in_flight"]
@@ -182,6 +236,20 @@ def fault(kind: str, load: Load, args: argparse.Namespace) -> dict[str, Any]:
         finally:
             os.kill(victim["pid"], signal.SIGCONT)
     time.sleep(STEADY_S)  # requests after the recovery
+    return measure(kind, load, at, back, in_flight)
+
+
+def gateway_failures(url: str) -> float:
+    """The gateway's count of requests a replica's death or silence failed (its metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("sgl_omni_gateway_replica_exits_total",
+                                   "sgl_omni_gateway_replica_silences_total")))
+
+
+def measure(kind: str, load: Load, at: float, back: float, in_flight: int) -> dict[str, Any]:
+    """The row of a fault at ``at``, recovered at ``back``, with ``in_flight`` requests on what
+    it hit (the clients' outcomes up to now)."""
     settled = time.monotonic()
     window = [o for o in load.outcomes if o.ended and o.ended >= at and o.sent <= settled]
     failed = [o for o in window if o.end in ("framed", "cut") and o.sent <= back]
@@ -189,22 +257,26 @@ def fault(kind: str, load: Load, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "fault": kind, "in_flight": in_flight, "failed": len(failed),
         "framed": sum(o.end == "framed" for o in failed),
-        "named": sum(CAUSES[kind] in o.message for o in failed),
+        "named": sum(any(c in o.message for c in CAUSES[kind]) for o in failed),
         "answered_s": max((o.ended - at for o in failed), default=0.0),
         "around_s": max((o.sent - at for o in failed if o.sent > at), default=0.0),
         "replaced_s": back - at, "after": len(after),
         "served": sum(o.end == "complete" for o in window),
+        "said": dict(Counter(o.message[:80] for o in failed)),
+        # sent before the recovery and still without an answer 5 s after it
+        "hung": sum(not o.ended and o.sent <= back for o in load.outcomes),
     }
 
 
-def run_once(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
-    deploy(args)
+def run_once(args: argparse.Namespace, url: str, nodes: LocalNodes | None
+             ) -> list[dict[str, Any]]:
+    deploy(args, nodes)
     load = Load(url, args.clients)
     thread = load.run()
     rows = []
     try:
         for kind in args.faults.split(","):
-            rows.append(fault(kind, load, args))
+            rows.append(fault(kind, load, args, nodes))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         load.stop.set()
@@ -245,7 +317,9 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--step-time", type=float, default=0.05)
-    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--faults", default=",".join(FAULTS[:3]),
+                        help=f"some of {','.join(FAULTS)} (node-kill and node-stop run a "
+                        "two-node cluster)")
     parser.add_argument("--stop-s", type=float, default=20.0,
                         help="seconds a stopped replica stays stopped at least")
     parser.add_argument("--json", help="also write every run's rows to this file")
@@ -253,19 +327,32 @@ def main() -> int:
     unknown = set(args.faults.split(",")) - set(FAULTS)
     if unknown:
         parser.error(f"--faults: unknown {', '.join(sorted(unknown))}; one of {FAULTS}")
+    if len({"node-kill", "node-stop"} & set(args.faults.split(","))) > 1:
+        parser.error("--faults: node-kill and node-stop each need a replica on the worker "
+                     "node; run them one at a time")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=4 * args.replicas + 4, namespace="serve", log_to_driver=False,
-             logging_level="error")
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cpus = 4 * args.replicas + 4
+    on_nodes = {"node-kill", "node-stop"} & set(args.faults.split(","))
+    nodes = LocalNodes(cpus) if on_nodes else None
+    if nodes is not None:
+        nodes.add()
+    ray.init(address=None if nodes is None else nodes.address,
+             num_cpus=cpus if nodes is None else None, namespace="serve",
+             log_to_driver=False, logging_level="error")
+    # The proxy on the head alone: the worker node's would share this machine's port, and
+    # die with it.
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     runs = []
     try:
         for _ in range(args.runs):
-            runs.append(run_once(args, f"http://127.0.0.1:{port}"))
+            runs.append(run_once(args, f"http://127.0.0.1:{port}", nodes))
     finally:
         serve.shutdown()
         ray.shutdown()
+        if nodes is not None:
+            nodes.shutdown()
     print(f"{args.replicas} replicas, {args.clients} clients, {len(runs)} run(s)")
     print(markdown(runs))
     if args.json:
