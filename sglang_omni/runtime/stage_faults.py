@@ -62,18 +62,12 @@ class StageFaults:
         self._ended_by: Callable[[str], OmniError] | None = None
         self._closing = False
 
-    # what the handle provides
-    def _post(self, header: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _kill(self) -> None:
-        raise NotImplementedError
-
-    def _exited(self) -> None:
-        raise NotImplementedError
-
-    def _has_process(self) -> bool:
-        raise NotImplementedError
+    # what the handle provides: post a message to the stage, kill its process, take its exit,
+    # and whether a process is running
+    _post: Callable[[dict[str, Any]], None]
+    _kill: Callable[[], None]
+    _exited: Callable[[], None]
+    _has_process: Callable[[], bool]
 
     # --- stalls ---------------------------------------------------------------------------------
     def stall(self, silent_s: float) -> None:

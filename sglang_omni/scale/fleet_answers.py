@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from ray.exceptions import RayActorError
@@ -45,9 +46,8 @@ class FleetAnswers:
     server: ServerSettings
     name: str
     metrics: GatewayMetrics
-
-    def _batches(self, call: DeploymentResponseGenerator, replica: str) -> Any:
-        raise NotImplementedError
+    #: The message batches of a replica's call (``OmniGateway._batches``).
+    _batches: Callable[[DeploymentResponseGenerator, str], AsyncIterator[list[Message]]]
 
     async def _every_replica(self, request: dict[str, Any]
                              ) -> list[tuple[str, Message, bytes]]:
