@@ -17,11 +17,20 @@ Two servers (hf backend, Nano-shape random-weight checkpoint, one GPU):
   of memory inside the interleaved pipeline (the stream's error event and ``[DONE]``); an image
   request.
 
+With ``--calibrate`` the interleaved caps are not guessed: a first server on generous caps runs
+the same (seeded) requests, the small ones first, and reads each stage's peak allocated memory
+after the small requests and after the big ones; the capped server then gives each stage the
+point halfway between its two peaks, so that its small requests fit and its big one does not
+(the first run's guesses, 0.25 and 0.16, let a 640x640 image-conditioned generation run out of
+memory while the Reasoner read a 30 s clip).
+
 Allocated memory is each stage's own figure (``/health`` -> ``stages.<name>.gpu_memory``, from
 PyTorch's allocator, sent with the stage's heartbeats), read once the request ended and two
 heartbeats passed.
 
     python benchmarks/gpu_oom.py --checkpoint /tmp/nano --out benchmarks/results/wave3/gpu_oom.json
+    python benchmarks/gpu_oom.py --checkpoint /tmp/nano --only interleaved --calibrate \
+        --steps 8 --out benchmarks/results/wave3/gpu_oom_interleaved.json
     python benchmarks/gpu_oom.py --placement cpu --shape micro --quick --checkpoint /tmp/m
 
 On the CPU (``--placement cpu --quick``) nothing runs out of memory: the run checks the script's
@@ -181,22 +190,28 @@ def mp4(width: int, height: int, seconds: float, fps: int = 4) -> bytes:
 
 
 def reading(part: dict[str, Any], options: dict[str, Any], rid: str) -> dict[str, Any]:
-    """An interleaved request whose Reasoner reads ``part`` (an image or a video)."""
-    return {"rid": rid, "messages": [{"role": "user", "content": [
+    """An interleaved request whose Reasoner reads ``part`` (an image or a video). Seeded, so
+    that the calibration server and the capped one see the same decisions."""
+    return {"rid": rid, "seed": 0, "messages": [{"role": "user", "content": [
         {"type": "text", "text": READ_PROMPT}, part]}],
         "stage_params": {"generation": options}}
 
 
 # --- the two servers -----------------------------------------------------------------------------
-def sizes(quick: bool) -> dict[str, Any]:
-    if quick:
-        return {"image": (64, 64), "video": (128, 128), "frames": 9, "steps": 2,
-                "read_video": (128, 72), "read_seconds": (2.0,)}
-    return {"image": (640, 640), "video": (1280, 720), "frames": 33, "steps": 35,
-            "read_video": (1280, 720), "read_seconds": (30.0, 60.0)}
+def sizes(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        out = {"image": (64, 64), "video": (128, 128), "frames": 9, "steps": 2,
+               "read_video": (128, 72), "read_seconds": (2.0,)}
+    else:
+        out = {"image": (640, 640), "video": (1280, 720), "frames": 33, "steps": 35,
+               "read_video": (1280, 720), "read_seconds": (30.0, 60.0)}
+    if args.steps:  # the peak memory of a denoising step does not depend on how many there are
+        out["steps"] = args.steps
+    return out
 
 
-def config(path: Path, checkpoint: Path, pipeline: str, args: argparse.Namespace) -> None:
+def config(path: Path, checkpoint: Path, pipeline: str, args: argparse.Namespace,
+           fractions: dict[str, float]) -> None:
     import yaml
 
     def stage(fraction: float) -> dict[str, Any]:
@@ -204,17 +219,17 @@ def config(path: Path, checkpoint: Path, pipeline: str, args: argparse.Namespace
             return {"gpu": None, "factory": {"backend": "hf"}}
         return {"gpu": 0, "gpu_memory_fraction": fraction, "factory": {"backend": "hf"}}
 
-    stages: dict[str, Any] = {"generation": stage(args.generation_fraction)}
+    stages: dict[str, Any] = {"generation": stage(fractions["generation"])}
     if pipeline == "interleaved":
-        stages["reasoner"] = {**stage(args.reasoner_fraction),
+        stages["reasoner"] = {**stage(fractions["reasoner"]),
                               "engine": {"max_structured_tokens": 128}}
     cls = "Cosmos3UMMPipelineConfig" if pipeline == "interleaved" else "Cosmos3PipelineConfig"
     path.write_text(yaml.safe_dump({"config_cls": cls, "model_path": str(checkpoint),
                                     "stages": stages}, sort_keys=False))
 
 
-def direct(run: Run, quick: bool) -> None:
-    s = sizes(quick)
+def direct(run: Run, args: argparse.Namespace, plan: dict[str, Any]) -> None:
+    s = sizes(args)
     url = run.server.url
     image = {"prompt": IMAGE_PROMPT, "size": "{}x{}".format(*s["image"]),
              "num_inference_steps": s["steps"]}
@@ -229,49 +244,108 @@ def direct(run: Run, quick: bool) -> None:
              lambda: post_json(f"{url}/v1/images/generations", image), False)
 
 
-def interleaved(run: Run, quick: bool) -> None:
-    s = sizes(quick)
-    url = run.server.url
-    small = {"width": s["image"][0], "height": s["image"][1], "num_frames": 9,
-             "num_inference_steps": s["steps"]}
-    picture = {"type": "image_url", "image_url": {"url": data_url("image/png", png(*s["image"]))}}
-    for seconds in s["read_seconds"]:
-        clip = mp4(*s["read_video"], seconds)
+class Interleaved:
+    """The interleaved server's requests: each a step of ``run``."""
+
+    def __init__(self, run: Run, args: argparse.Namespace) -> None:
+        self.run, self.s = run, sizes(args)
+        self.url = run.server.url
+        self.small = {"width": self.s["image"][0], "height": self.s["image"][1],
+                      "num_frames": 9, "num_inference_steps": self.s["steps"]}
+
+    def read_clip(self, seconds: float, expect_oom: bool) -> dict[str, Any]:
+        clip = mp4(*self.s["read_video"], seconds)
         part = {"type": "video_url", "video_url": {"url": data_url("video/mp4", clip)}}
-        record = run.step(f"reasoner_video_{seconds:g}s", "reasoner",
-                          lambda p=part, t=seconds: stream(url, reading(
-                              p, small, f"oom-read-video-{t:g}")), True)
-        record["input_video"] = {"size": "{}x{}".format(*s["read_video"]), "seconds": seconds,
-                                 "bytes": len(clip)}
-        if record["oom"]:
+        record = self.run.step(f"reasoner_video_{seconds:g}s", "reasoner",
+                               lambda: stream(self.url, reading(
+                                   part, self.small, f"oom-read-video-{seconds:g}")), expect_oom)
+        record["input_video"] = {"size": "{}x{}".format(*self.s["read_video"]),
+                                 "seconds": seconds, "bytes": len(clip)}
+        return record
+
+    def read_image(self) -> dict[str, Any]:
+        picture = {"type": "image_url",
+                   "image_url": {"url": data_url("image/png", png(*self.s["image"]))}}
+        return self.run.step("reasoner_image", "reasoner",
+                             lambda: stream(self.url, reading(picture, self.small, "oom-read")),
+                             False)
+
+    def image(self) -> dict[str, Any]:
+        return self.run.step("interleaved_image", "generation", lambda: stream(self.url, {
+            "rid": "oom-image", "prompt": IMAGE_PROMPT, "seed": 0,
+            "stage_params": {"generation": self.small}}), False)
+
+    def video(self, seeds: range, expect_oom: bool) -> int | None:
+        """Sampled seeds until the Reasoner's first decision is a video (as serve_gpu.py
+        probes): that request's 1280x720 generation is the step; returns its seed."""
+        big = {"width": self.s["video"][0], "height": self.s["video"][1],
+               "num_frames": self.s["frames"], "num_inference_steps": self.s["steps"],
+               "seed": 7}
+        for seed in seeds:
+            rid = f"oom-video-{seed}"
+            start = self.run.tail.mark()
+
+            def first_not_video(_events: list[dict[str, Any]], rid: str = rid,
+                                start: int = start) -> bool:
+                for _, _, message in self.run.tail.since(start):
+                    m = GEN_START.search(message)
+                    if m and m.group(1) == rid:
+                        return m.group(2) != "video"
+                return False
+
+            body = {"rid": rid, "prompt": VIDEO_PROMPT, "temperature": 1.0, "seed": seed,
+                    "stage_params": {"generation": big}}
+            record = self.run.step(f"interleaved_video_seed_{seed}", "generation",
+                                   lambda b=body, w=first_not_video: stream(self.url, b, w),
+                                   expect_oom)
+            if record["oom"] or "video" in record.get("segments", []):
+                return seed  # the first decision was a video
+            record["expected_oom"] = False  # an image first (disconnected) or no generation
+            wait_quiet(self.run)
+        return None
+
+
+def interleaved(run: Run, args: argparse.Namespace, plan: dict[str, Any]) -> None:
+    """Each stage out of memory in turn, each followed by a request that must succeed."""
+    steps = Interleaved(run, args)
+    for seconds in plan.get("read_seconds", steps.s["read_seconds"]):
+        if steps.read_clip(seconds, True)["oom"]:
             break
-    run.step("reasoner_image", "reasoner",
-             lambda: stream(url, reading(picture, small, "oom-read")), False)
-    big = {"width": s["video"][0], "height": s["video"][1], "num_frames": s["frames"],
-           "num_inference_steps": s["steps"], "seed": 7}
-    for seed in range(8):  # until the Reasoner's first decision is a video
-        rid = f"oom-video-{seed}"
-        start = run.tail.mark()
+    steps.read_image()
+    seed = plan.get("video_seed")
+    steps.video(range(seed, seed + 1) if seed is not None else range(8), True)
+    steps.image()
 
-        def first_not_video(_events: list[dict[str, Any]], rid: str = rid,
-                            start: int = start) -> bool:
-            for _, _, message in run.tail.since(start):
-                m = GEN_START.search(message)
-                if m and m.group(1) == rid:
-                    return m.group(2) != "video"
-            return False
 
-        body = {"rid": rid, "prompt": VIDEO_PROMPT, "temperature": 1.0, "seed": seed,
-                "stage_params": {"generation": big}}
-        record = run.step(f"interleaved_video_seed_{seed}", "generation",
-                          lambda b=body, w=first_not_video: stream(url, b, w), True)
-        if record["oom"] or "video" in record.get("segments", []):
-            break  # the first decision was a video
-        record["expected_oom"] = False  # an image first (disconnected) or no generation
-        wait_quiet(run)
-    run.step("interleaved_image", "generation", lambda: stream(url, {
-        "rid": "oom-image", "prompt": IMAGE_PROMPT, "stage_params": {"generation": small}}),
-        False)
+def calibration(run: Run, args: argparse.Namespace, plan: dict[str, Any]) -> None:
+    """The same requests on generous caps, the small ones first: each stage's peak allocated
+    memory after the small requests and after the big ones (the PyTorch peak only grows), and the
+    seed whose first decision is a video. ``plan`` gets them."""
+    steps = Interleaved(run, args)
+    stages = ("reasoner", "generation")
+    steps.read_image()
+    steps.image()
+    small = {stage: run.snapshot()[stage]["peak_gib"] for stage in stages}
+    seconds = max(steps.s["read_seconds"])
+    steps.read_clip(seconds, False)
+    big = {"reasoner": run.snapshot()["reasoner"]["peak_gib"]}
+    plan["video_seed"] = steps.video(range(8), False)
+    big["generation"] = run.snapshot()["generation"]["peak_gib"]
+    plan.update(small_peak_gib=small, big_peak_gib=big, read_seconds=(seconds,))
+
+
+def fractions_between(plan: dict[str, Any], total_gib: float | None,
+                      margin_gib: float) -> dict[str, float] | None:
+    """Each stage's cap halfway between its small and its big peak; None when a stage's two
+    peaks are closer than ``margin_gib`` (no cap would separate them) or unknown (a CPU)."""
+    small, big = plan.get("small_peak_gib") or {}, plan.get("big_peak_gib") or {}
+    out: dict[str, float] = {}
+    for stage in ("reasoner", "generation"):
+        lo, hi = small.get(stage), big.get(stage)
+        if total_gib is None or lo is None or hi is None or hi - lo < margin_gib:
+            return None
+        out[stage] = round((lo + hi) / 2 / total_gib, 4)
+    return out
 
 
 def wait_quiet(run: Run, timeout: float = 120) -> None:
@@ -291,21 +365,21 @@ def wait_quiet(run: Run, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def serve(pipeline: str, checkpoint: Path, args: argparse.Namespace, work: Path,
-          body: Any) -> dict[str, Any]:
-    path, log = work / f"{pipeline}.yaml", work / f"server_{pipeline}.log"
-    config(path, checkpoint, pipeline, args)
+def serve(name: str, pipeline: str, checkpoint: Path, args: argparse.Namespace, work: Path,
+          fractions: dict[str, float], body: Any, plan: dict[str, Any]) -> dict[str, Any]:
+    path, log = work / f"{name}.yaml", work / f"server_{name}.log"
+    config(path, checkpoint, pipeline, args, fractions)
     stages = ("generation", "reasoner") if pipeline == "interleaved" else ("generation",)
     server = Server(path, log, child_env())
     tail = LogTail(log)
-    out: dict[str, Any] = {"config": path.read_text()}
+    out: dict[str, Any] = {"config": path.read_text(), "fractions": fractions}
     try:
         out["start_s"] = round(server.wait_ready(args.start_timeout), 2)
         time.sleep(SETTLE_S)
         run = Run(server, tail, stages)
         out["ready"] = run.snapshot()
         try:
-            body(run, args.quick)
+            body(run, args, plan)
         except Exception as exc:  # noqa: BLE001 - keep the steps measured so far
             out["error"] = f"{type(exc).__name__}: {exc}"
         out["steps"] = run.steps
@@ -356,6 +430,12 @@ def main() -> int:
     parser.add_argument("--out", help="write the JSON figures here")
     parser.add_argument("--logs", help="keep the servers' logs in this folder")
     parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument("--steps", type=int, help="denoising steps (default 35; 2 with --quick)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="interleaved: set each stage's cap halfway between the peaks its "
+                             "small and big requests reach on a first, generous server")
+    parser.add_argument("--margin-gib", type=float, default=0.5,
+                        help="--calibrate: the least gap between the two peaks")
     args = parser.parse_args()
     checkpoint = Path(args.checkpoint)
     results: dict[str, Any] = {"shape": args.shape, "placement": args.placement,
@@ -379,13 +459,35 @@ def main() -> int:
         pass
     work = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="gpu-oom-"))
     work.mkdir(parents=True, exist_ok=True)
-    bodies = {"direct": direct, "interleaved": interleaved}
-    for pipeline in args.only.split(","):
-        results[pipeline] = serve(pipeline, checkpoint, args, work, bodies[pipeline])
+
+    def save() -> None:  # after each server: a run cut short keeps what it measured
         results["verdict"] = verdict(results)
-        if args.out:  # after each server: a run cut short keeps what it measured
+        if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+    fractions = {"generation": args.generation_fraction, "reasoner": args.reasoner_fraction}
+    plan: dict[str, Any] = {}
+    if args.calibrate and "interleaved" in args.only.split(","):
+        generous = {"generation": 0.55, "reasoner": 0.3}
+        results["calibration"] = serve("calibration", "interleaved", checkpoint, args, work,
+                                       generous, calibration, plan)
+        results["calibration"]["plan"] = dict(plan)
+        found = fractions_between(plan, results.get("gpu_total_gib"), args.margin_gib)
+        print(f"== calibration: {plan}; caps {found}", flush=True)
+        save()
+        if found is None and args.placement != "cpu":
+            print("the calibration found no cap between the small and the big requests' peaks",
+                  file=sys.stderr)
+            return 1
+        fractions = found or fractions
+        results.update(generation_fraction=fractions["generation"],
+                       reasoner_fraction=fractions["reasoner"])
+    bodies = {"direct": direct, "interleaved": interleaved}
+    for pipeline in args.only.split(","):
+        results[pipeline] = serve(pipeline, pipeline, checkpoint, args, work, fractions,
+                                  bodies[pipeline], plan)
+        save()
     print(json.dumps(results["verdict"], indent=2))
     return 0
 
