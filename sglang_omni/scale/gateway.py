@@ -28,7 +28,10 @@ first replica it reaches; the gateway is what can look at the answer first:
   (:data:`~sglang_omni.scale.asgi_call.KEEPALIVE`), so a call that brings nothing for
   ``replica_silence_s`` fails as a dead replica's does, naming the silence, and the replica is
   passed over by this process's routers from then on (:mod:`~sglang_omni.scale.silent_replicas`)
-  long before Ray's health checks fail it;
+  long before Ray's health checks fail it; a call sent to a replica that never sends its first
+  reply (it froze just then) is found the same way, counted from when the router sent it
+  (:mod:`~sglang_omni.scale.routed_calls`: the deadline router's hold is not silence), and,
+  as it never started, asked of another replica like a 503;
 * a client that disconnects cancels the replica's call: the replica's app sees the disconnect, and
   the request is aborted down to its generation stage.
 
@@ -73,7 +76,7 @@ from sglang_omni.errors import (
     ServiceUnavailable,
     StageDied,
 )
-from sglang_omni.scale import silent_replicas
+from sglang_omni.scale import routed_calls, silent_replicas
 from sglang_omni.scale.asgi_call import (
     GRACE_S,
     KEEPALIVE,
@@ -117,9 +120,10 @@ REPLICA_SILENCE_S = 6.0
 
 @dataclass(frozen=True)
 class _Refused:
-    """An answer not relayed (read to its end and dropped): another replica is asked."""
+    """An answer not relayed (read to its end and dropped), or a call no replica answered
+    (``replicas``: where it may have gone): another replica is asked."""
 
-    replica: str
+    replicas: tuple[str, ...]
     status: int
 
 
@@ -297,9 +301,10 @@ class OmniGateway(FleetAnswers):
             if refused is None:
                 return
             log.info("replica %s answered %s %s with %d; asking another replica",
-                     refused.replica, scope["method"], scope["path"], refused.status)
+                     " or ".join(refused.replicas), scope["method"], scope["path"],
+                     refused.status)
             self.metrics.retries.labels(status=str(refused.status)).inc()
-            tried.append(refused.replica)
+            tried.extend(refused.replicas)
             attempt += 1
 
     async def _attempt(self, scope: Scope, request: dict[str, Any], send: Send,
@@ -326,7 +331,15 @@ class OmniGateway(FleetAnswers):
         held: _Refused | None = None
         replica: str | None = None
         try:
-            replica = await call.__anext__()
+            try:
+                replica = await routed_calls.first_item(call, kwargs["call_id"],
+                                                        self.replica_silence_s)
+            except ReplicaSilent as exc:  # it never started: another replica is asked
+                if not may_retry(503):
+                    raise
+                self.metrics.replica_silences.inc()
+                log.warning("request %s %s: %s", scope["method"], scope["path"], exc)
+                return _Refused(exc.replicas, 503)
             if waiting:
                 waiting = False
                 self.waiting_room.leave()
@@ -337,7 +350,7 @@ class OmniGateway(FleetAnswers):
                     if started is None and message["type"] == "http.response.start":
                         started = message
                         if may_retry(message["status"]):
-                            held = _Refused(replica, message["status"])
+                            held = _Refused((replica,), message["status"])
                     if held is None:
                         await send(message)
             return held
@@ -354,6 +367,7 @@ class OmniGateway(FleetAnswers):
                 self.rid_pins.ended(rid, replica, refused=status is None or status == 503
                                     or 400 <= status < 500)
             call.cancel()
+            routed_calls.forget(kwargs["call_id"])
 
     async def _batches(self, call: DeploymentResponseGenerator, replica: str
                        ) -> AsyncIterator[list[Message]]:

@@ -25,7 +25,7 @@ from typing import Any
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from sglang_omni.scale import silent_replicas
+from sglang_omni.scale import routed_calls, silent_replicas
 from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
 
 #: Seconds after which the router forgets a call (a replica whose stats stopped coming).
@@ -54,7 +54,21 @@ def pinned(candidates: list[RunningReplica], pending: PendingRequest | None
     if want is None:
         return None
     chosen = [r for r in candidates if r.replica_id.unique_id == want]
-    return [chosen or list(candidates)]
+    return noted(pending, [chosen or list(candidates)])
+
+
+def noted(pending: PendingRequest | None, groups: list[list[RunningReplica]]
+          ) -> list[list[RunningReplica]]:
+    """``groups`` (a router's answer), its first group noted as where the call goes
+    (:mod:`~sglang_omni.scale.routed_calls`; none: the router holds it)."""
+    first = groups[0] if groups else []
+    routed_calls.chose(call_id(pending), tuple(r.replica_id.unique_id for r in first))
+    return groups
+
+
+def note_routed(pending: PendingRequest, replica_id: ReplicaID) -> None:
+    """Ray confirmed where the call went (``on_request_routed``)."""
+    routed_calls.routed(call_id(pending), replica_id.unique_id)
 
 
 def may_wait(pending: PendingRequest | None) -> bool:
@@ -129,6 +143,7 @@ class DeadlineRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
+        note_routed(pending_request, replica_id)
         rid = pending_request.metadata.internal_request_id
         self._file(replica_id.unique_id, rid, time.time(), sent=True, pending=pending_request)
         self._calls[replica_id.unique_id][rid].open += 1
@@ -196,13 +211,13 @@ class DeadlineRouter(RequestRouter):
         if (wait is not None and wait < self.max_wait_s and may_wait(pending_request)
                 and should_wait(sorted(by_id), stats, since, now, wait,
                                 excluded(pending_request))):
-            return []
+            return noted(pending_request, [])
         order = deadline_order(sorted(by_id), stats, since, now, excluded(pending_request),
                                self._rng, wait or 0.0)
         if order and pending_request is not None:
             self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False,
                        pending=pending_request)
-        return [[by_id[k]] for k in order]
+        return noted(pending_request, [[by_id[k]] for k in order])
 
 
 @dataclass
@@ -235,7 +250,11 @@ class RoundRobinRouter(RequestRouter):
         by_id = _by_id(candidate_replicas)
         stats = {k: r.routing_stats for k, r in by_id.items()}
         order = rotation(sorted(by_id), next(self._turn), excluded(pending_request), stats)
-        return [[by_id[k]] for k in order]
+        return noted(pending_request, [[by_id[k]] for k in order])
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: Any) -> None:
+        note_routed(pending_request, replica_id)
 
 
 class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
@@ -249,4 +268,10 @@ class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
             return pin
         skip = excluded(pending_request)
         pool = [r for r in candidate_replicas if r.replica_id.unique_id not in skip]
-        return await super().choose_replicas(pool or candidate_replicas, pending_request)
+        return noted(pending_request,
+                     await super().choose_replicas(pool or candidate_replicas, pending_request))
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: Any) -> None:
+        super().on_request_routed(pending_request, replica_id, result)
+        note_routed(pending_request, replica_id)

@@ -45,8 +45,11 @@ def replica_silent(replica: str, silence_s: float) -> str:
 
 
 class ReplicaSilent(Exception):  # noqa: N818 - what happened, as StreamCut names it
-    """A replica's call brought nothing for the gateway's ``replica_silence_s``."""
+    """A replica's call brought nothing for the gateway's ``replica_silence_s``; ``replicas``
+    is the one it went to (or, before Ray confirmed which, the router's group of equals)."""
 
-    def __init__(self, replica: str, silence_s: float) -> None:
+    def __init__(self, replica: str, silence_s: float,
+                 replicas: tuple[str, ...] | None = None) -> None:
         super().__init__(replica_silent(replica, silence_s))
         self.replica = replica
+        self.replicas = replicas if replicas is not None else (replica,)

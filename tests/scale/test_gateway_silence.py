@@ -25,17 +25,21 @@ ANSWER = [{"type": "http.response.start", "status": 200, "headers": []},
 
 
 class ScriptedCall:
-    """A replica call's stream: its items, each after ``gap_s``; then, if ``hang``, nothing."""
+    """A replica call's stream: its items, each after ``gap_s`` (the first after ``first_s``
+    when given); then, if ``hang``, nothing."""
 
-    def __init__(self, items: list[Any], gap_s: float, hang: bool = False) -> None:
+    def __init__(self, items: list[Any], gap_s: float, hang: bool = False,
+                 first_s: float | None = None) -> None:
         self.items, self.gap_s, self.hang = list(items), gap_s, hang
+        self.next_gap_s = gap_s if first_s is None else first_s
 
     async def __anext__(self) -> Any:
         if not self.items:
             if self.hang:
                 await asyncio.Event().wait()
             raise StopAsyncIteration
-        await asyncio.sleep(self.gap_s)
+        await asyncio.sleep(self.next_gap_s)
+        self.next_gap_s = self.gap_s
         return self.items.pop(0)
 
 
@@ -88,3 +92,70 @@ def test_a_replica_logs_that_it_was_frozen(caplog: pytest.LogCaptureFixture) -> 
         "this replica was frozen for 8.5 s (its process stopped or its event loop blocked): "
         "the gateway failed the requests it was serving ('the replica ... stopped answering') "
         "and passes it over; stage exits that follow are the freeze's doing"]
+
+
+# --- a replica that never sends its first reply ---------------------------------------------
+class ScriptedHandle:
+    """The replicas' handle: each ``call.remote`` answers with the next scripted call, and
+    plays the router: the call is noted as sent to the replica named with it (None: the
+    router holds it, as the deadline router does while no replica admits it)."""
+
+    def __init__(self, calls: list[tuple[str | None, ScriptedCall]]) -> None:
+        self.calls = calls
+        self.kwargs: list[dict[str, Any]] = []
+
+    def options(self, **_: Any) -> ScriptedHandle:
+        return self
+
+    @property
+    def call(self) -> ScriptedHandle:
+        return self
+
+    def remote(self, _request: dict[str, Any], **kwargs: Any) -> ScriptedCall:
+        from sglang_omni.scale import routed_calls
+
+        self.kwargs.append(kwargs)
+        replica, call = self.calls.pop(0)
+        routed_calls.chose(kwargs["call_id"], (replica,) if replica else ())
+        call.cancel = lambda: None  # type: ignore[attr-defined]
+        return call
+
+
+def relay_through(handle: ScriptedHandle, retries: int) -> list[dict[str, Any]]:
+    gw = OmniGateway(handle, ServerSettings(), retries=retries,  # type: ignore[arg-type]
+                     replica_count=2, replica_silence_s=SILENCE_S)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": []}
+    asyncio.run(asyncio.wait_for(gw._relay(scope, {}, send, time.time()), 10))
+    return sent
+
+
+def test_a_call_sent_to_a_replica_that_never_replies_is_asked_of_another() -> None:
+    frozen = ScriptedCall([], gap_s=0.0, hang=True)  # not even the replica's id comes
+    served = ScriptedCall(["replica-b", ANSWER, STREAM_END], gap_s=0.0)
+    handle = ScriptedHandle([("frozen2", frozen), ("replica-b", served)])
+    began = time.monotonic()
+    assert relay_through(handle, retries=1) == ANSWER
+    assert SILENCE_S <= time.monotonic() - began < 5
+    assert handle.kwargs[1]["exclude"] == ["frozen2"]  # the retry avoids it
+    assert "frozen2" in silent_replicas.silent()
+
+
+def test_with_no_retry_left_the_silence_is_the_answer() -> None:
+    handle = ScriptedHandle([("frozen3", ScriptedCall([], gap_s=0.0, hang=True))])
+    sent = relay_through(handle, retries=0)
+    assert sent[0]["status"] == 500
+    assert b"(frozen3) stopped answering" in sent[1]["body"]
+
+
+def test_a_request_the_router_holds_is_not_silence() -> None:
+    # the deadline router holds it (sends it nowhere) for 4x the silence limit, then a replica
+    # admits it and answers at once
+    held = ScriptedCall(["replica-c", ANSWER, STREAM_END], gap_s=0.0, first_s=4 * SILENCE_S)
+    handle = ScriptedHandle([(None, held)])
+    assert relay_through(handle, retries=0) == ANSWER
+    assert "replica-c" not in silent_replicas.silent()
