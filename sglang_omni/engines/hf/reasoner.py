@@ -163,9 +163,19 @@ class HFReasoner(ThreadedModelEngine):
         if payload.get("stream"):
             job.emit({"text": ""})  # accepted
         # An out-of-memory fails the request: its context goes with it (the turn's K/V was
-        # taken out of the store; the media features it kept are released here).
+        # taken out of the store; the media features it kept are released here), and the static
+        # cache goes back to its size before the turn (a long prompt grows it before its
+        # prefill runs out of memory: kept, the growth would fail the next request too).
+        decoder = self.decoder
+        capacity = decoder.capacity if decoder is not None else 0
+
+        def release() -> None:
+            self.end_request(job.rid)
+            if decoder is not None:
+                decoder.shrink(capacity)
+
         return await self.thread.call(self._generate, job, conversation, schema, settings,
-                                      release=lambda: self.end_request(job.rid))
+                                      release=release)
 
     def _settings(self, merged: dict[str, Any], structured: bool) -> dict[str, Any]:
         """transformers ``generate`` arguments from the turn's merged sampling and native

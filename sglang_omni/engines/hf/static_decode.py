@@ -90,20 +90,35 @@ class StaticDecoder:
         size = cache_bucket(total)
         if size <= self.capacity:
             return
-        # The graphs read the old buffers: drop them, and their pool with them (a pool whose
-        # graphs are gone must not take new captures).
-        self.captured.clear()
-        self.pool = None
-        self.keys, self.values = [], []
-        self.capacity = 0  # an allocation that fails below leaves an empty cache, not a short one
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._drop()  # an allocation that fails below leaves an empty cache, not a short one
         shape = (1, self.kv_heads, size, self.head_dim)
         for _ in range(self.layers):
             self.keys.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
             self.values.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
         self.positions = torch.arange(size, device=self.device)
         self.capacity = size
+
+    def shrink(self, capacity: int) -> None:
+        """Give back the cache beyond ``capacity`` tokens (what a request that failed grew it
+        by): the cache and its graphs are dropped and the cache made again at ``capacity``
+        (graphs are captured again as steps need them)."""
+        if self.capacity <= capacity:
+            return
+        self._drop()
+        if capacity:
+            self.reserve(capacity)
+
+    def _drop(self) -> None:
+        """Drop the cache; the graphs read its buffers: drop them, and their pool with them (a
+        pool whose graphs are gone must not take new captures)."""
+        import torch
+
+        self.captured.clear()
+        self.pool = None
+        self.keys, self.values = [], []
+        self.capacity = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # --- prompt ----------------------------------------------------------------------------
     def prefill(self, inputs: Any, total: int) -> Any:
