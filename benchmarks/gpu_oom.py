@@ -28,10 +28,11 @@ Allocated memory is each stage's own figure (``/health`` -> ``stages.<name>.gpu_
 PyTorch's allocator, sent with the stage's heartbeats), read once the request ended and two
 heartbeats passed.
 
-    python benchmarks/gpu_oom.py --checkpoint /tmp/nano --out benchmarks/results/wave3/gpu_oom.json
-    python benchmarks/gpu_oom.py --checkpoint /tmp/nano --only interleaved --calibrate \
+    python3 benchmarks/gpu_oom.py --checkpoint /tmp/nano --out benchmarks/results/wave3/gpu_oom.json
+    python3 benchmarks/gpu_oom.py --checkpoint /tmp/nano --only interleaved --calibrate \
         --steps 8 --out benchmarks/results/wave3/gpu_oom_interleaved.json
-    python benchmarks/gpu_oom.py --placement cpu --shape micro --quick --checkpoint /tmp/m
+    cd benchmarks && ../.venv/bin/python gpu_oom.py --placement cpu --shape micro --quick \
+        --checkpoint /tmp/m
 
 On the CPU (``--placement cpu --quick``) nothing runs out of memory: the run checks the script's
 steps and records ``"oom": false``.
