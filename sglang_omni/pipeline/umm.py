@@ -188,6 +188,11 @@ class Complete:
     segments: tuple[Segment, ...]
     usage: dict[str, int]
 
+    @property
+    def content_bytes(self) -> int:
+        """What the segments hold: text characters and raw media bytes."""
+        return sum(len(s.text or "") + len(s.media or b"") for s in self.segments)
+
 
 StageCall = Callable[[str, str, Mapping[str, Any], Frames], Awaitable[StageResult]]
 """``call(stage, rid, payload, frames)``: run a dispatch and return the stage's result (its

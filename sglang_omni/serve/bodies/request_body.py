@@ -268,6 +268,13 @@ def check_wire_value(value: Any, max_depth: int) -> None:
                                    for key, sub in item.items()]))
 
 
+def parsed_on_loop(request: Request) -> bool:
+    """Whether the request's body is small enough (its declared ``Content-Length``) that its
+    JSON was parsed on the event loop, and so is what is measured or walked of it next."""
+    declared = request.headers.get("content-length", "")
+    return declared.isdigit() and int(declared) <= THREAD_PARSE_BYTES
+
+
 async def read_json_body(request: Request) -> Any:
     """The checked JSON value of a request's body (see the module contract). Long base64
     payloads are set aside while the body arrives (:mod:`.body_runs`), so the body is held

@@ -24,6 +24,7 @@ from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.request_state import RequestState
 from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
+from sglang_omni.serve.bodies.request_body import parsed_on_loop
 from sglang_omni.serve.bodies.typed_route import omni_router
 from sglang_omni.serve.chat.chat_request import parse_chat_request, set_fields
 from sglang_omni.serve.chat.fleet_queue import waited_s
@@ -65,17 +66,18 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     multiple = model.size_multiple(backend)
 
     async def open_run(request: Request, state: RequestState, req: ChatRequest) -> UMMRun:
-        """Check the generation limits, measure the history off the event loop, open the run
-        of the claimed ``state`` (400/503 before any model work; the deadline counts from the
-        request's arrival at a fleet gateway, when one forwarded it). Refused, its rid is free
-        again."""
+        """Check the generation limits, measure the history (off the event loop for a large
+        body), open the run of the claimed ``state`` (400/503 before any model work; the
+        deadline counts from the request's arrival at a fleet gateway, when one forwarded it).
+        Refused, its rid is free again."""
         assert state.rid is not None
         try:
             model.check_generation_limits(req.stage_params.get("generation") or {},
                                           config.server, where="stage_params.generation.",
                                           feeds_reasoner=True, backend=backend,
                                           multiple=multiple)
-            history_size = await asyncio.to_thread(history_bytes, req.messages)
+            history_size = history_bytes(req.messages) if parsed_on_loop(request) else \
+                await asyncio.to_thread(history_bytes, req.messages)
             run = orchestrator.open_interleaved(state, UMMRequest(
                 rid=state.rid, messages=req.messages, sampling=req.sampling,
                 stage_params=req.stage_params, stage_sampling=req.stage_sampling,
@@ -104,8 +106,9 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
             done = await until_disconnect(request, collect(events))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        # base64 and JSON of up to 17 media segments: off the event loop
-        return await json_response_off_loop(lambda: json_form(done))
+        # base64 and JSON of up to 17 media segments: off the event loop (text alone: on it)
+        return await json_response_off_loop(lambda: json_form(done),
+                                            content_bytes=done.content_bytes)
 
     @router.post("/v1/chat/completions", responses={
         200: {"model": ChatCompletion, "content": STREAM_DOC}, **MODEL_ERRORS})
