@@ -83,7 +83,7 @@ class Orchestrator:
         self.ids = RequestIds()
         #: Every request's state (``pipeline.request_state``): opened by :meth:`request`,
         #: released by :meth:`_release` when its ``async with`` ends, and only then.
-        self.states = RequestStates(self._release)
+        self.states = RequestStates(self._release, self._answered)
         #: Told about turn and generation times and admission refusals (the server's metrics).
         self.observer: PipelineObserver = NoObserver()
         #: True from construction until every stage answered ready once (``/health`` then says
@@ -316,8 +316,8 @@ class Orchestrator:
 
     @property
     def admitted(self) -> int:
-        """Interleaved requests admitted and not yet released (at most ``max_active``)."""
-        return sum(1 for state in self.states if state.run is not None)
+        """Interleaved requests admitted and not yet answered (at most ``max_active``)."""
+        return sum(1 for state in self.states if state.run is not None and not state.answered)
 
     def claim(self, state: RequestState, client_rid: object = None) -> str:
         """Claim the request id (``client_rid``, or a fresh one; 400 when it is taken) for
@@ -326,6 +326,14 @@ class Orchestrator:
         rid = self.ids.claim(client_rid)
         state.claim(rid)
         return rid
+
+    def _answered(self, state: RequestState) -> None:
+        """``state``'s response is out: its chat ticket and its place in the deadline plan end
+        now (``admitted`` no longer counts it); the release still runs both (idempotent)."""
+        if state.ticket is not None:
+            state.ticket.release()
+        if state.plan is not None and state.rid is not None:
+            self.scheduler.release(state.rid)
 
     def _release(self, state: RequestState) -> None:
         """Undo what ``state`` holds (``RequestStates`` calls it once, when the request's

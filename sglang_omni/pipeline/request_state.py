@@ -76,6 +76,8 @@ class RequestState:
         #: (the outermost) first: that cancels a dispatch still running, which aborts it on
         #: its stage.
         self.streams: list[AsyncIterable[Any]] = []
+        #: The response's last byte was handed to the server (``mark_answered``).
+        self.answered = False
         self.released = False
 
     async def __aenter__(self) -> RequestState:
@@ -97,6 +99,15 @@ class RequestState:
         self.ticket = ticket
         self._owner._register(self)
 
+    def mark_answered(self) -> None:
+        """The response's last byte is being handed to the server: from now on the request no
+        longer counts against admission (the owner's ``answered``), since its client may
+        already be sending its next request while the release (which may wait for the loop,
+        closing a stream) is still to come."""
+        if not self.answered and not self.released:
+            self.answered = True
+            self._owner._answered(self)
+
     def _check_open(self) -> None:
         if self.released:
             raise RuntimeError("a released request state cannot acquire anything")
@@ -110,10 +121,14 @@ class RequestState:
 
 class RequestStates:
     """The live request states, by id; ``release(state)`` undoes what a state holds (the
-    owner's; called only by :meth:`hold`'s exit)."""
+    owner's; called only by :meth:`hold`'s exit); ``answered(state)`` ends, once the
+    response is out, what counts the request against admission (idempotent parts of the
+    release, which runs them again)."""
 
-    def __init__(self, release: Callable[[RequestState], None]) -> None:
+    def __init__(self, release: Callable[[RequestState], None],
+                 answered: Callable[[RequestState], None] | None = None) -> None:
         self._release = release
+        self._answered = answered or (lambda _state: None)
         self._live: set[RequestState] = set()
         self._by_rid: dict[str, RequestState] = {}
 

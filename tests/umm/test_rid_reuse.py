@@ -77,3 +77,24 @@ def test_text_only_chat_ends_and_frees_rids_like_the_interleaved_routes() -> Non
             assert chat(rid, "hello", stream).status_code == 200  # same rid: accepted
             again = chat(rid, "hello", stream)  # ended (the stream too): still taken
             assert again.status_code == 400 and rid in error_of(again)
+
+
+def test_the_next_request_sent_as_an_answer_arrives_is_admitted(server: Server) -> None:
+    """At max_active 1, a client that sends its next request the moment it has its answer (a
+    stream read to ``[DONE]``, or a JSON body) is admitted: the answered request stopped
+    counting before its last byte left the server, though its release comes after (it closes
+    the stream's iterators, which may wait for the loop)."""
+    refused = []
+    one_image = {"prompt": script(image("one"), final("done")),
+                 "stage_params": {"generation": {**SMALL, "num_inference_steps": 1}}}
+    for i in range(20):
+        with HTTP.stream("POST", f"{server.url}/generate",
+                         json={**one_image, "rid": f"seq-stream-{i}", "stream": True}) as streamed:
+            assert streamed.status_code == 200
+            streamed.read()
+        for route, answer in (("generate", post_generate(server, one_image)),
+                              ("chat", post_chat(server, {"messages": [
+                                  {"role": "user", "content": QUICK["prompt"]}]}))):
+            if answer.status_code != 200:
+                refused.append((i, route, answer.status_code, answer.text[:120]))
+    assert refused == []

@@ -4,7 +4,9 @@
 exchange, the route and its response (a stream to its last byte, or until its client left), and
 puts the state in the scope; a route reads it with :func:`request_state`. The state's exit, when
 the exchange ends however it ends, is the request's one release: routes never release anything
-themselves. A state that acquired nothing (``/health``, ``/metrics``) costs one object.
+themselves. As the response's last byte goes to the server the state is marked answered: what
+counts it against admission ends then, before its client can send the next request. A state
+that acquired nothing (``/health``, ``/metrics``) costs one object.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import cast
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.request_state import RequestState
@@ -33,7 +35,13 @@ class HoldRequestStates:
             return
         async with self.orchestrator.request() as state:
             scope[STATE_KEY] = state
-            await self.app(scope, receive, send)
+
+            async def send_marking(message: Message) -> None:
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    state.mark_answered()  # before the client can have it
+                await send(message)
+
+            await self.app(scope, receive, send_marking)
 
 
 def request_state(request: Request) -> RequestState:
