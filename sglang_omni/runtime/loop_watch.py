@@ -8,7 +8,9 @@ never awaited) and logs each callback that held the loop that long::
     blocked 0 times, preempted 1 times)
 
 A callback holds the loop when it computes that long (its thread's CPU time) or when it blocks
-(a sleep, a join, a file or socket wait: the thread gave up its core) and was never preempted.
+(a sleep, a join, a file or socket wait: the thread gave up its core) and was never preempted,
+unless the process's other threads ran for at least half its wait (it waited for the interpreter
+lock while worker threads did the work handed off the loop: not the callback's doing).
 Time spent waiting for a core on a busy machine is not holding the loop, so asyncio's own
 wall-clock warning is kept for a loop held :data:`WALL_CLOCK_S` (whatever the cause) only.
 Long garbage collections are logged too. Unset, nothing changes: uvicorn's choice of loop, no
@@ -65,19 +67,28 @@ def _timed_run(handle: asyncio.Handle) -> None:
     if limit is None:
         _original_run(handle)
         return
-    wall, cpu = time.perf_counter(), time.thread_time()
+    wall, cpu, process = time.perf_counter(), time.thread_time(), time.process_time()
     before = resource.getrusage(resource.RUSAGE_THREAD)
     _original_run(handle)
     wall = time.perf_counter() - wall
     if wall < limit:
         return
     cpu = time.thread_time() - cpu
+    others = time.process_time() - process - cpu
     after = resource.getrusage(resource.RUSAGE_THREAD)
     blocked = after.ru_nvcsw - before.ru_nvcsw
     preempted = after.ru_nivcsw - before.ru_nivcsw
-    if cpu >= limit or (blocked and not preempted):
+    if cpu >= limit or (blocked and not preempted and not gil_wait(wall - cpu, others)):
         log.warning("Executing %s took %.3f seconds (%.3f s of CPU, blocked %d times, "
                     "preempted %d times)", _describe(handle), wall, cpu, blocked, preempted)
+
+
+def gil_wait(waited_s: float, others_cpu_s: float) -> bool:
+    """Whether a callback's wait (``waited_s``: its time off its core) was for the interpreter
+    lock: the process's other threads ran at least half that long meanwhile (worker threads
+    doing the work handed off the loop, held up themselves on a busy machine); the callback did
+    not block the loop by itself."""
+    return others_cpu_s >= waited_s / 2
 
 
 def _describe(handle: asyncio.Handle) -> str:
