@@ -328,8 +328,9 @@ class Orchestrator:
         return rid
 
     def _answered(self, state: RequestState) -> None:
-        """``state``'s response is out: its chat ticket and its place in the deadline plan end
-        now (``admitted`` no longer counts it); the release still runs both (idempotent)."""
+        """End what counts ``state`` against admission: its chat ticket and its place in the
+        deadline plan (idempotent). Run as its response goes out (``admitted`` no longer counts
+        it from then) and again by its release."""
         if state.ticket is not None:
             state.ticket.release()
         if state.plan is not None and state.rid is not None:
@@ -346,13 +347,10 @@ class Orchestrator:
                 job.cancel()  # its stage call aborts the job
             if state.media is not None:
                 state.media.close()
-            if state.plan is not None and rid is not None:
-                self.scheduler.release(rid)
             if rid is not None and (state.run is not None or state.on_reasoner):
                 self._end_on_reasoners(rid)
         finally:
-            if state.ticket is not None:
-                state.ticket.release()
+            self._answered(state)  # the chat ticket and the plan place, if not ended already
             if rid is not None:
                 if state.refused:
                     self.ids.forget(rid)  # the client may retry with the same rid

@@ -111,19 +111,12 @@ async def _generate_events(events: Events) -> AsyncGenerator[str, None]:
 
 
 async def collect(events: Events) -> Complete:
-    """The run's ``Complete``, the iterator read to its end (it ends right after ``Complete``):
-    an iterator left open would be closed at the request's release, which would then wait for
-    the loop, and a client that has its answer may already be sending the next request, which
-    must find this one's admission released."""
-    done: Complete | None = None
     async for event in events:
         if isinstance(event, Segment):
             note_segment()
         elif isinstance(event, Complete):
-            done = event
-    if done is None:
-        raise RuntimeError("the interleaved run ended without completing")
-    return done
+            return event
+    raise RuntimeError("the interleaved run ended without completing")
 
 
 def generate_json(rid: str, done: Complete) -> dict[str, Any]:
