@@ -22,6 +22,7 @@ from typing import Any
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
+from sglang_omni.media.encode import check_x264_preset
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,12 @@ def _over(where: str, what: str, limit: float, setting: str, fix: str) -> BadReq
 def check_x264_preset_allowed(preset: Any, settings: ServerSettings, where: str = "") -> None:
     """BadRequest (400) naming ``{where}x264_preset`` and the allowed presets when ``preset`` (a
     string; anything else is the type check's) is not in ``server.allowed_x264_presets``: a
-    slow preset costs many times the default's encode (docs/configuration.md)."""
+    slow preset costs many times the default's encode (docs/configuration.md). A name x264 does
+    not have gets x264's list (``media.encode.check_x264_preset``)."""
     allowed = settings.allowed_x264_presets
     if not isinstance(preset, str) or preset in allowed:
         return
+    check_x264_preset(preset, f"{where}x264_preset")
     choice = ", ".join(allowed) if allowed else "none: leave it out"
     raise BadRequest(f"{where}x264_preset: {preset!r} is not allowed on this server; allowed: "
                      f"{choice} (server.allowed_x264_presets)"[:400])
