@@ -1,6 +1,7 @@
 """Fault injection with requests in flight: how fast the server notices, answers and recovers.
 
 Usage: python benchmarks/faults.py [--runs 3] [--in-flight 8] [--progress-timeout 3]
+       [--allow-placebo] [--json benchmarks/results/faults.json]
 
 Starts ``sgl-omni serve`` with the scripted engines (``configs/cpu-scripted.yaml``), with the
 default heartbeat (1 s) and stall timeout (3 s), the default restart backoff (1 s), and
@@ -15,7 +16,14 @@ stage (reasoner, generation) and each fault, ``--runs`` times:
 * ``hang``: a request whose engine thread blocks for good while the process lives (the scripted
   ``!hang`` directive, a ``"hang": true`` Reasoner entry);
 * ``error``: a request whose engine fails (``!error``: an unexpected exception in the
-  generator; a Reasoner entry failing with status 500).
+  generator; a Reasoner entry failing with status 500);
+* ``placebo encode`` (generation only): issue 33's request through ``/generate``, a 1280x720
+  video of 121 frames at x264's ``placebo`` preset (``stage_params.generation.x264_preset``),
+  which once took the stage down as hung and, a few rounds on, the server for good. By default
+  the server refuses the preset (400, ``server.allowed_x264_presets``); ``--allow-placebo``
+  serves it (the encode takes minutes on a small CPU and must complete, 200, without the stage
+  being judged hung: the encoder reports progress per frame). Run it as the issue did, ten
+  rounds in a row: ``--stages generation --faults "placebo encode" --runs 10``.
 
 Each fault hits the stage while ``--in-flight`` interleaved requests are running on it
 (Reasoner turns of 10 s that report progress, or generations of 100 steps of 0.1 s). Times are
@@ -34,12 +42,14 @@ from the fault (the signal, or the faulty request's submission):
 * ``unanswered``: requests without an HTTP answer within 60 s of the fault (a JSON or SSE
   answer of any status counts; a dropped connection does not).
 
-It prints one table: the median and range over the runs of each figure.
+It prints one table: the median and range over the runs of each figure, and with ``--json``
+writes every run's figures (and each row's stage restarts) there.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -51,7 +61,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +77,20 @@ SHORT_STEPS = 4
 REASONER_S = 10.0
 SHORT_REASONER_S = 2.0
 SMALL = {"width": 32, "height": 32}
-FAULTS = ("kill -9", "SIGSTOP", "hang", "error")
+FAULTS = ("kill -9", "SIGSTOP", "hang", "error", "placebo encode")
+#: The faults a request makes (the faulty request is sent, not a signal); the in-flight
+#: requests are short ones and must be served.
+REQUEST_FAULTS = ("error", "placebo encode")
+#: Issue 33's video: what it asks of the generation stage.
+PLACEBO = {"width": 1280, "height": 720, "num_frames": 121, "fps": 24,
+           "num_inference_steps": 1, "x264_preset": "placebo"}
+#: How long the placebo video may take when the server allows it (its encode, on a small CPU).
+PLACEBO_WITHIN_S = 900.0
 STAGES = ("reasoner", "generation")
 HTTP = httpx.Client(timeout=ANSWER_WITHIN_S, limits=httpx.Limits(max_connections=64))
 
 
 def script(*entries: Any) -> str:
-    import json
-
     return f"<omni-script>{json.dumps(list(entries))}</omni-script> go"
 
 
@@ -104,6 +120,10 @@ def probe_body(stage: str) -> dict[str, Any]:
 
 
 def faulty_body(stage: str, fault: str) -> dict[str, Any]:
+    if fault == "placebo encode":
+        return {"prompt": script({"action": "video", "prompt": "a cube turning"},
+                                 {"action": "final", "text": "done"}),
+                "stage_params": {"generation": dict(PLACEBO)}}
     if stage == "generation":
         return image("!hang" if fault == "hang" else "!error", 4)
     if fault == "hang":
@@ -115,7 +135,7 @@ def faulty_body(stage: str, fault: str) -> dict[str, Any]:
 class Served:
     """A ``sgl-omni serve`` subprocess on a free port, logging to a temp file."""
 
-    def __init__(self, progress_timeout_s: float) -> None:
+    def __init__(self, progress_timeout_s: float, *extra: str) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -129,7 +149,7 @@ class Served:
                       f"--{stage}.factory.max_restarts", "1000"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_omni", "serve", "--config", str(UMM_CONFIG),
-             "--port", str(self.port), *flags],
+             "--port", str(self.port), *flags, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if not self.wait_ok(120):
@@ -155,6 +175,9 @@ class Served:
 
     def stage_pid(self, stage: str) -> int:
         return int(self.health()[1]["stages"][stage]["pid"])
+
+    def restarts(self, stage: str) -> int:
+        return int(self.health()[1]["stages"][stage]["restarts"])
 
     def submitted(self, stage: str) -> float:
         prefix = f'sgl_omni_stage_jobs_total{{outcome="submitted",stage="{stage}"}} '
@@ -188,14 +211,14 @@ class Sent:
     done: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
-    def post(cls, url: str, body: dict[str, Any]) -> Sent:
+    def post(cls, url: str, body: dict[str, Any], timeout: float = ANSWER_WITHIN_S) -> Sent:
         sent = cls(started=time.monotonic())
-        threading.Thread(target=sent._run, args=(url, body), daemon=True).start()
+        threading.Thread(target=sent._run, args=(url, body, timeout), daemon=True).start()
         return sent
 
-    def _run(self, url: str, body: dict[str, Any]) -> None:
+    def _run(self, url: str, body: dict[str, Any], timeout: float) -> None:
         try:
-            resp = HTTP.post(f"{url}/generate", json=body)
+            resp = HTTP.post(f"{url}/generate", json=body, timeout=timeout)
             resp.json()  # an answer is a whole JSON body
             self.status = resp.status_code
             self.retry_after = resp.headers.get("retry-after")
@@ -247,6 +270,10 @@ class Run:
     unanswered: int
     #: The in-flight and faulty requests' statuses, counted ("200": 8 ...).
     statuses: dict[str, int]
+    #: The stage's restarts during the run (from /health).
+    restarts: int = 0
+    #: Seconds from the faulty request's submission to its answer (request faults).
+    faulty_answered: float | None = None
 
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
@@ -260,12 +287,14 @@ def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
 
 def one_run(served: Served, stage: str, fault: str, in_flight: int) -> Run:
     before = served.submitted(stage)
+    restarts_before = served.restarts(stage)
+    request_fault = fault in REQUEST_FAULTS
     faulty: Sent | None = None
     if fault == "hang":  # first: generations run one at a time, in admission order
         faulty = Sent.post(served.url, faulty_body(stage, fault))
         if not wait_until(lambda: served.submitted(stage) >= before + 1, 30):
             raise SystemExit(f"the hanging request did not reach the {stage} stage")
-    flights = [Sent.post(served.url, in_flight_body(stage, short=fault == "error"))
+    flights = [Sent.post(served.url, in_flight_body(stage, short=request_fault))
                for _ in range(in_flight)]
     running = in_flight if stage == "reasoner" else 0 if fault == "hang" else 1
     reached = before + running + (1 if fault == "hang" else 0)
@@ -279,20 +308,22 @@ def one_run(served: Served, stage: str, fault: str, in_flight: int) -> Run:
         stage_proc.send_signal(signal.SIGKILL)
     elif fault == "SIGSTOP":
         stage_proc.send_signal(signal.SIGSTOP)
-    elif fault == "error":
+    elif request_fault:
         t0 = time.monotonic()
-        faulty = Sent.post(served.url, faulty_body(stage, fault))
+        within = PLACEBO_WITHIN_S if fault == "placebo encode" else ANSWER_WITHIN_S
+        faulty = Sent.post(served.url, faulty_body(stage, fault), timeout=within)
     try:
         probe: Sent | None = None
-        if fault == "error":
+        if request_fault:
             assert faulty is not None
-            faulty.done.wait(ANSWER_WITHIN_S)
+            faulty.done.wait(within)
             probe = Sent.post(served.url, probe_body(stage))
         elif wait_until(lambda: watch.left is not None, ANSWER_WITHIN_S):
             probe = Sent.post(served.url, probe_body(stage))
         everyone = [*flights, *([faulty] if faulty else []), *([probe] if probe else [])]
         for sent in everyone:
-            sent.done.wait(max(0.0, t0 + ANSWER_WITHIN_S - time.monotonic()))
+            sent.done.wait(max(0.0, (t0 if sent is not probe else probe.started)
+                               + ANSWER_WITHIN_S - time.monotonic()))
         if watch.left is not None:
             wait_until(lambda: watch.back is not None, ANSWER_WITHIN_S)
     finally:
@@ -319,6 +350,9 @@ def one_run(served: Served, stage: str, fault: str, in_flight: int) -> Run:
         ready_again=None if watch.back is None else watch.back - t0,
         unanswered=sum(1 for s in everyone if s.ended is None),
         statuses=dict(Counter(str(s.status) for s in answered)),
+        restarts=served.restarts(stage) - restarts_before,
+        faulty_answered=None if faulty is None or faulty.ended is None or not request_fault
+        else faulty.ended - faulty.started,
     )
 
 
@@ -346,7 +380,7 @@ def row(stage: str, fault: str, runs: list[Run]) -> str:
         spread([r.in_flight_answered for r in runs], "never"),
         " / ".join(sorted({tally(r.statuses) for r in runs})),
         spread([r.new_request for r in runs], "never") + " " + "/".join(answers),
-        spread([r.ready_again for r in runs], "never" if fault != "error" else "-"),
+        spread([r.ready_again for r in runs], "never" if fault not in REQUEST_FAULTS else "-"),
         str(sum(r.unanswered for r in runs)) + " |",
     ])
 
@@ -359,8 +393,15 @@ def main() -> int:
                         help="the stages' progress_timeout_s (the hung engine rows)")
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--allow-placebo", action="store_true",
+                        help="serve x264's placebo preset (server.allowed_x264_presets): the "
+                             "placebo encode row then measures the long encode itself")
+    parser.add_argument("--json", help="also write every run's figures to this JSON file")
     args = parser.parse_args()
-    served = Served(args.progress_timeout)
+    extra = ["--server.allowed_x264_presets", "[ultrafast, medium, placebo]"] \
+        if args.allow_placebo else []
+    served = Served(args.progress_timeout, *extra)
+    results: list[dict[str, Any]] = []
     lines = [
         f"{args.in_flight} requests in flight, {args.runs} runs; seconds from the fault, median "
         f"(range); progress_timeout_s {args.progress_timeout:g}",
@@ -372,16 +413,38 @@ def main() -> int:
     try:
         for stage in args.stages.split(","):
             for fault in args.faults.split(","):
+                if fault == "placebo encode" and stage != "generation":
+                    continue  # a generation's encode: the Reasoner has none
                 runs = []
                 for i in range(args.runs):
                     run = one_run(served, stage, fault, args.in_flight)
                     print(f"# {stage} {fault} run {i + 1}: {run}", flush=True)
                     runs.append(run)
                 lines.append(row(stage, fault, runs))
+                results.append({"stage": stage, "fault": fault,
+                                "runs": [asdict(r) for r in runs]})
+                if fault == "placebo encode":
+                    print(placebo_line(runs), flush=True)
     finally:
         served.stop()
     print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "in_flight": args.in_flight, "runs": args.runs,
+            "progress_timeout_s": args.progress_timeout, "allow_placebo": args.allow_placebo,
+            "cpus": os.cpu_count(), "load_after": os.getloadavg(), "rows": results},
+            indent=1) + "\n")
     return 0
+
+
+def placebo_line(runs: list[Run]) -> str:
+    """The placebo encode's own figures: each round's answer, and the stage's restarts."""
+    answers = [tally(r.statuses) for r in runs]
+    return (f"# placebo encode: {len(runs)} round(s); the faulty request answered in "
+            f"{spread([r.faulty_answered for r in runs], 'never')} s; stage restarts "
+            f"{sum(r.restarts for r in runs)}; /health left ok in "
+            f"{sum(1 for r in runs if r.health_not_ok is not None)} round(s); answers: "
+            f"{' / '.join(sorted(set(answers)))}")
 
 
 if __name__ == "__main__":

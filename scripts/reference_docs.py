@@ -30,6 +30,8 @@ from sglang_omni.config.server import _MINIMUM, ServerSettings  # noqa: E402
 
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
 HTTP_DOC = ROOT / "docs" / "http-api.md"
+#: The measured x264 preset costs ``docs/configuration.md`` shows.
+PRESET_FIGURES = ROOT / "benchmarks" / "results" / "encode_presets_cpu.json"
 PIPELINES = ("Cosmos3UMMPipelineConfig", "Cosmos3PipelineConfig", "Cosmos3ReasonerPipelineConfig")
 #: Scripted configurations of each pipeline: the app (and its OpenAPI schema) needs no model.
 SCRIPTED = {
@@ -189,6 +191,7 @@ def configuration() -> str:
     out += ["", "`api_key` also comes from `--api-key` or the `SGLANG_OMNI_API_KEY` environment "
             "variable (which keeps it out of process listings); `config resolve` prints "
             "`<set>` instead of the key.", ""]
+    out += x264_presets()
     for title, parser in (("sgl-omni serve", _subparser("serve")),
                           ("sgl-omni config resolve", _subparser("config", "resolve"))):
         out += [f"## `{title}` flags\n", "| flag | default | what |", "|---|---|---|"]
@@ -200,6 +203,39 @@ def configuration() -> str:
     for choice in sub._choices_actions:
         out.append(f"| `sgl-omni {choice.dest}` | {_cell(' '.join((choice.help or '').split()))} |")
     return "\n".join(out).rstrip() + "\n"
+
+
+def x264_presets() -> list[str]:
+    """The measured cost of each x264 preset behind ``server.allowed_x264_presets``'s default
+    (``benchmarks/results/encode_presets_cpu.json``, from ``benchmarks/encode_presets.py``)."""
+    data = json.loads(PRESET_FIGURES.read_text())
+    allowed = ServerSettings().allowed_x264_presets
+    load = data["machine"]["load_before"], data["machine"]["load_after"]
+    out = ["### x264 presets a request may ask for\n",
+           "A request's `x264_preset` (`/v1/videos`, the action routes' forward-dynamics videos, "
+           "the realtime sessions, `/generate`'s `stage_params.generation.x264_preset`) must be "
+           "one of `server.allowed_x264_presets`; another gets 400 naming the field and the "
+           "allowed presets, before any model work. The rule behind the default: a request may "
+           "make the encode of the largest video the default limits allow "
+           f"({data['width']}x{data['height']}, {data['frames_full']} frames) cost at most "
+           f"twice what the server's default preset (`{data['default_preset']}`, "
+           "`stages.generation.factory.x264_preset`) costs. Measured by `.venv/bin/python "
+           "benchmarks/encode_presets.py --json benchmarks/results/encode_presets_cpu.json` "
+           f"on the {data['machine']['cpus']}-core shared dev machine (load average "
+           f"{load[0][0]:.1f} before, {load[1][0]:.1f} after; "
+           f"{data['frames_measured']} frames of that size per preset, scaled to "
+           f"{data['frames_full']}; {data['threads']} x264 threads; the scripted generator's "
+           "frames). A GPU host's cores encode faster; the ratios are what the rule reads. "
+           "Every encode reports progress per frame, so a slow preset is never taken for a "
+           "hung engine, whatever this allows.", "",
+           "| preset | seconds measured | seconds per frame | estimate for the largest video | "
+           f"x {data['default_preset']} | allowed by default |", "|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        out.append(f"| `{row['preset']}` | {row['seconds']:.2f} | "
+                   f"{row['seconds_per_frame']:.3f} | {row['estimate_full_s']:.0f} s | "
+                   f"{row['relative_to_default']:.2f} | "
+                   f"{'yes' if row['preset'] in allowed else 'no'} |")
+    return [*out, ""]
 
 
 # --- HTTP API ------------------------------------------------------------------------------------
@@ -263,8 +299,8 @@ def http_api() -> str:
            "a wrong field is a 400 naming it (`temperature: expected a number, got 'hot'`; "
            "FastAPI's 422 is never sent). Every refusal and failure is "
            "`{\"error\": {\"message\", \"type\", \"code\"}}`; every 503 carries "
-           "`Retry-After` but the one of a server that needs a restart (a stage past its "
-           "restart budget). With an API key set, every route but `/health`, the API "
+           "`Retry-After` but the one of a server that needs a restart (a stage that "
+           "exited with restarts off). With an API key set, every route but `/health`, the API "
            "documentation and the playground needs `Authorization: Bearer KEY`.\n",
            "| route | served by |", "|---|---|"]
     for path, method in sorted(routes):

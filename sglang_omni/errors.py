@@ -119,7 +119,7 @@ class ServiceUnavailable(OmniError):
 
 
 class NeedsRestart(ServiceUnavailable):
-    """A stage is down for good (past its restart budget): this server will not come back by
+    """A stage is down for good (it exited with restarts off): this server will not come back by
     itself, so the answer carries no ``Retry-After``; retry on another server."""
 
     retry_later = False

@@ -47,11 +47,14 @@ PROCESS_FACTORY: dict[str, FactoryField] = {
         minimum=0,
     ),
     "max_restarts": FactoryField(
-        (int,), 3, "restarts of an exited stage process allowed within restart_window_s "
-        "(0: never restart; past the budget the server stays unhealthy)", minimum=0,
+        (int,), 3, "restarts of an exited stage process allowed within restart_window_s; "
+        "past the budget the stage cools down (restarting, 503 with Retry-After) until the "
+        "oldest restart leaves the window, then restarts (0: never restart; the server stays "
+        "unhealthy)", minimum=0,
     ),
     "restart_window_s": FactoryField(
-        (int, float), 600.0, "seconds over which max_restarts is counted", minimum=0.001
+        (int, float), 600.0, "seconds over which max_restarts is counted (a sliding window): "
+        "the longest a stage past its budget stays down", minimum=0.001
     ),
     "restart_backoff_s": FactoryField(
         (int, float), 1.0, "wait before the first restart; doubles with each restart in the "

@@ -16,6 +16,16 @@ from sglang_omni.errors import ConfigError
 
 API_KEY_ENV = "SGLANG_OMNI_API_KEY"
 MiB = 2**20
+#: x264's presets, fastest first: ``media.encode.X264_PRESETS`` (config and media share a layer
+#: and import neither; ``tests/foundation/test_x264_presets.py`` holds the two equal).
+X264_PRESET_NAMES = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
+                     "slower", "veryslow", "placebo")
+#: The presets a request may name by default: those whose encode of the largest video the
+#: default limits allow (1920x1088, 257 frames) costs at most twice the default preset's
+#: (``stages.generation.factory.x264_preset``, medium). Measured by
+#: ``benchmarks/encode_presets.py``: slow 1.4x medium, slower 5.5x, placebo 9.8x
+#: (docs/configuration.md has the table).
+DEFAULT_ALLOWED_X264_PRESETS = X264_PRESET_NAMES[:X264_PRESET_NAMES.index("slow") + 1]
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,12 @@ class ServerSettings:
     max_video_seconds: float = 30.0
     #: Generation: largest width/height or height/width.
     max_aspect_ratio: float = 8.0
+    #: Generation: the x264 presets a request's `x264_preset` may name (a list; another gets
+    #: 400 naming the allowed ones). The default: those whose encode of the largest video these
+    #: limits allow costs at most twice the default preset's (medium), as measured in
+    #: [x264 presets](#x264-presets-a-request-may-ask-for); the server's own default preset
+    #: (`stages.generation.factory.x264_preset`) applies whatever this says.
+    allowed_x264_presets: tuple[str, ...] = DEFAULT_ALLOWED_X264_PRESETS
     #: Seconds an idle keep-alive connection stays open.
     idle_timeout_s: float = 5.0
     #: Seconds a client may take to send a request's headers.
@@ -120,6 +136,9 @@ def resolve_server_settings(raw: Any, api_key_env: str | None = None) -> ServerS
                                   f"--api-key, or set {API_KEY_ENV})")
             values[key] = value
             continue
+        if key == "allowed_x264_presets":
+            values[key] = _presets(value)
+            continue
         default = getattr(defaults, key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"server.{key}: expected a number, got {value!r}")
@@ -131,3 +150,17 @@ def resolve_server_settings(raw: Any, api_key_env: str | None = None) -> ServerS
     if values.get("api_key") is None and api_key_env:
         values["api_key"] = api_key_env
     return ServerSettings(**values)
+
+
+def _presets(value: Any) -> tuple[str, ...]:
+    """``server.allowed_x264_presets`` as x264 presets in x264's order (fastest first); a single
+    name is a list of one. ConfigError names an unknown one."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ConfigError("server.allowed_x264_presets: expected a list of x264 presets, for "
+                          f"example [ultrafast, superfast, medium], got {value!r}"[:300])
+    unknown = [n for n in names if n not in X264_PRESET_NAMES]
+    if unknown:
+        raise ConfigError(f"server.allowed_x264_presets: {unknown[0]!r} is not an x264 preset; "
+                          f"x264's are {', '.join(X264_PRESET_NAMES)}"[:300])
+    return tuple(n for n in X264_PRESET_NAMES if n in names)

@@ -1,7 +1,7 @@
 """The server's generation limits (``server.max_pixels``, ``max_frames``,
-``max_inference_steps``, ``max_video_seconds``, ``max_aspect_ratio``, and a frame rate of at
-most :data:`MAX_FPS`), and a model's own (its largest side, the size multiple its engine
-needs), checked before any work.
+``max_inference_steps``, ``max_video_seconds``, ``max_aspect_ratio``,
+``allowed_x264_presets``, and a frame rate of at most :data:`MAX_FPS`), and a model's own
+(its largest side, the size multiple its engine needs), checked before any work.
 
 One rule for every way a generation is asked for: ``stage_params.generation`` of an interleaved
 request (before the Reasoner's first turn) and the direct image, video and action routes. A
@@ -22,6 +22,7 @@ from typing import Any
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
+from sglang_omni.media.encode import check_x264_preset
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,20 @@ def _over(where: str, what: str, limit: float, setting: str, fix: str) -> BadReq
                       f"(server.{setting}); {fix} or raise the limit with --server.{setting}")
 
 
+def check_x264_preset_allowed(preset: Any, settings: ServerSettings, where: str = "") -> None:
+    """BadRequest (400) naming ``{where}x264_preset`` and the allowed presets when ``preset`` (a
+    string; anything else is the type check's) is not in ``server.allowed_x264_presets``: a
+    slow preset costs many times the default's encode (docs/configuration.md). A name x264 does
+    not have gets x264's list (``media.encode.check_x264_preset``)."""
+    allowed = settings.allowed_x264_presets
+    if not isinstance(preset, str) or preset in allowed:
+        return
+    check_x264_preset(preset, f"{where}x264_preset")
+    choice = ", ".join(allowed) if allowed else "none: leave it out"
+    raise BadRequest(f"{where}x264_preset: {preset!r} is not allowed on this server; allowed: "
+                     f"{choice} (server.allowed_x264_presets)"[:400])
+
+
 def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings, *,
                             where: str = "", video: bool = True, defaults: Defaults,
                             multiple: int = 1, feeds_reasoner: bool = False,
@@ -81,6 +96,7 @@ def check_generation_limits(options: Mapping[str, Any], settings: ServerSettings
     """
     if not isinstance(options, Mapping):
         return
+    check_x264_preset_allowed(options.get("x264_preset"), settings, where)
     given_w, given_h = _int(options, "width"), _int(options, "height")
     if _ill_typed(options, "width", "height"):
         return  # the type check names the side at fault; a default would mislead here

@@ -87,7 +87,7 @@ from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.engines.synth_media import frame_pixels
-from sglang_omni.engines.video_delivery import encode_video
+from sglang_omni.engines.video_delivery import encode_progress, encode_video
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import iter_content_parts, text_of
@@ -400,8 +400,16 @@ class ScriptedGenerator:
         if modality == "video":
             mime = "video/mp4"
             encoding = self.encoding.with_preset(options.get("x264_preset"))
-            pixels = await asyncio.to_thread(
-                lambda: [frame_pixels(prompt, seed, width, height, i) for i in range(frames)])
+            progress = encode_progress(job)
+
+            def make_pixels() -> list[Any]:
+                out = []
+                for index in range(frames):
+                    out.append(frame_pixels(prompt, seed, width, height, index))
+                    progress()  # the simulated VAE decode, a frame at a time
+                return out
+
+            pixels = await asyncio.to_thread(make_pixels)
 
             async def encode(how: VideoEncoding, for_reader: bool) -> bytes:
                 delay = (READER_DELAY_RE if for_reader else ENCODE_DELAY_RE).search(prompt)
@@ -409,7 +417,8 @@ class ScriptedGenerator:
                     log.info("request %s: %s: %s takes %s s more", job.rid, delay.group(0),
                              "the Reasoner's copy" if for_reader else "the MP4", delay.group(1))
                     await asyncio.sleep(float(delay.group(1)))
-                return await asyncio.to_thread(encode_mp4, pixels, fps, encoding=how)
+                return await asyncio.to_thread(encode_mp4, pixels, fps, encoding=how,
+                                               progress=progress)
 
             data = await encode_video(job, encode, encoding)
         else:

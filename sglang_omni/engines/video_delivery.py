@@ -9,6 +9,11 @@ copy to be sent (normally long done, the copy being the quicker encode), so the 
 the copy whatever the timing: the same request gives the Reasoner the same bytes. Where the
 client's encoding is itself that quick, or the transport takes no early result, no copy is made
 and the Reasoner reads the client's MP4.
+
+Every encode reports progress on its job (``encode_progress``: each frame taken in, each packet
+written), so a long encode (a slow x264 preset, a long video) is never taken for a hung engine,
+and it stops at its next frame once the job is cancelled. An engine that makes its frames one by
+one can feed a ``media.encode.Mp4Encoder`` as they come, with the same ``encode_progress``.
 """
 
 from __future__ import annotations
@@ -20,11 +25,28 @@ from collections.abc import Awaitable, Callable
 from sglang_omni.contract.job import Job
 from sglang_omni.contract.payloads import MediaResult
 from sglang_omni.contract.result import StageResult
-from sglang_omni.media.encode import READER_PRESET, VideoEncoding
+from sglang_omni.media.encode import READER_PRESET, Progress, VideoEncoding
 
 #: ``encode(encoding, for_reader)``: the MP4 of the job's frames at ``encoding``, off the event
 #: loop; ``for_reader`` says it is the Reasoner's copy (engines may treat it apart).
 Encoder = Callable[[VideoEncoding, bool], Awaitable[bytes]]
+
+
+class EncodeCancelled(Exception):
+    """Raised inside an encode (from its progress callback) once its job is cancelled."""
+
+
+def encode_progress(job: Job) -> Progress:
+    """The progress callback of an encode for ``job`` (thread-safe): each call is a sign of
+    life (``job.progress()``); once the job is cancelled it raises ``EncodeCancelled``, which
+    ends the encode at its next frame or packet instead of when x264 is done."""
+
+    def progress() -> None:
+        if job.cancelled.is_set():
+            raise EncodeCancelled(f"request {job.rid}: cancelled while its video was encoded")
+        job.progress()
+
+    return progress
 
 
 def wants_reader_copy(job: Job, encoding: VideoEncoding) -> bool:

@@ -78,7 +78,7 @@ class StageFaults:
             f"stopped answering (no heartbeat for {silent_s:.1f} s; killed)",
             lambda rid: f"the {self.name} stage stopped answering (no heartbeat for "
                         f"{silent_s:.1f} s) while request {rid} was running; it is killed and "
-                        "restarted if its restart budget allows")
+                        "restarted (at once, or once its restart budget allows)")
 
     def hang(self, silent_s: float) -> None:
         """The stage's engine made no progress on its jobs for ``silent_s`` (its
@@ -93,7 +93,7 @@ class StageFaults:
             f"made no progress for {silent_s:.1f} s (its engine is hung; killed; {hint})",
             lambda rid: f"the {self.name} stage made no progress for {silent_s:.1f} s (its "
                         f"engine is hung) while request {rid} was running; it is killed and "
-                        f"restarted if its restart budget allows ({hint})")
+                        f"restarted (at once, or once its restart budget allows) ({hint})")
 
     def _kill_stuck(self, what: str, cause: str, message: Callable[[str], str]) -> None:
         """Fail the calls in flight with ``message(rid)`` and kill the process; ``cause`` (what

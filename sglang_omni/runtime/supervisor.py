@@ -1,10 +1,19 @@
 """Stage supervision: restart a stage process that exits, and notice one that freezes or hangs.
 
 A ``StageSupervisor`` owns the restart policy of one ``StageHandle``. When the stage's process
-exits (OOM kill, crash, kill -9) it is started again after a backoff that doubles with each
-restart in the window, up to ``max_restarts`` per ``restart_window_s``; past that budget the
-stage stays down and the server unhealthy. A stage whose engine stops the server on exit
-(native SGLang) is never restarted.
+exits (OOM kill, crash, kill -9, or the kill of a stalled or hung stage) it is started again:
+
+* at most ``max_restarts`` restarts start within any ``restart_window_s`` (a sliding window of
+  the times restarts started, a failed start included);
+* each restart waits a backoff of ``restart_backoff_s`` doubled for each restart already in the
+  window (at most :data:`MAX_BACKOFF_S`);
+* with the budget spent, the stage cools down: it is restarted as soon as the oldest restart
+  in the window is ``restart_window_s`` old (then with its backoff), never given up for good.
+  Meanwhile it is ``restarting`` (``/health`` 503 with Retry-After, requests 503 "restarting").
+
+So a burst of faults costs at most a window's wait and the server recovers by itself; only
+``max_restarts: 0`` (never restart) leaves a stage down until the server is restarted by hand.
+A stage whose engine stops the server on exit (native SGLang) is never restarted.
 
 Liveness is judged from two signs, each with its own limit:
 
@@ -134,15 +143,18 @@ class StageSupervisor:
 
     # --- restarts ----------------------------------------------------------------------------
     def _decide(self, handle: StageHandle) -> bool:
-        """Called when the stage's process exited: True when it will be restarted."""
+        """Called when the stage's process exited: True when it will be restarted (at once
+        or after a cool-down; only ``max_restarts: 0`` says no)."""
         if self._stopping:
             return False
         if self._restart_task is not None and not self._restart_task.done():
             return True  # a restart attempt died while starting; the restart loop goes on
         if handle.stops_server_on_exit:
             return False
-        if not self._budget_left():
-            self._give_up()
+        if self.policy.max_restarts <= 0:
+            log.error("the %s stage exited and stages.%s.factory.max_restarts is 0: it stays "
+                      "down and the server unhealthy until it is restarted by hand",
+                      handle.name, handle.name)
             return False
         self._restart_task = asyncio.get_running_loop().create_task(
             self._restart(), name=f"{handle.name}-restart")
@@ -150,24 +162,37 @@ class StageSupervisor:
             log_failure(log, f"the {self.handle.name} stage's restart task"))
         return True
 
-    def _budget_left(self) -> bool:
-        now = time.monotonic()
-        while self._recent and now - self._recent[0] > self.policy.restart_window_s:
+    def _in_window(self, now: float) -> int:
+        """The restarts started within ``restart_window_s`` of ``now`` (older ones dropped)."""
+        while self._recent and now - self._recent[0] >= self.policy.restart_window_s:
             self._recent.popleft()
-        return len(self._recent) < self.policy.max_restarts
+        return len(self._recent)
 
-    def _give_up(self) -> None:
-        log.error("the %s stage exited %d time(s) within stages.%s.factory.restart_window_s "
-                  "(%g s), its max_restarts; it stays down and the server unhealthy until it "
-                  "is restarted by hand", self.handle.name, len(self._recent) + 1,
-                  self.handle.name, self.policy.restart_window_s)
+    def cool_down_s(self, now: float | None = None) -> float:
+        """Seconds until the budget allows a restart (0: now): until the restart that fills
+        the budget is ``restart_window_s`` old."""
+        now = time.monotonic() if now is None else now
+        over = self._in_window(now) - self.policy.max_restarts
+        if over < 0:
+            return 0.0
+        return max(0.0, self._recent[over] + self.policy.restart_window_s - now)
 
     async def _restart(self) -> None:
-        """Back off, start a new process; repeat while the budget allows."""
+        """Wait out the cool-down and the backoff, start a new process; repeat until one
+        starts (or the server stops)."""
         handle = self.handle
         while True:
+            wait = self.cool_down_s()
+            if wait > 0:
+                log.error("the %s stage's restart budget is spent (%d restarts within "
+                          "stages.%s.factory.restart_window_s, %g s: its max_restarts); it "
+                          "stays down for %.1f s, until the oldest is out of the window, "
+                          "then restarts", handle.name, len(self._recent), handle.name,
+                          self.policy.restart_window_s, wait)
+                await asyncio.sleep(wait)
+                continue  # the window moved: count again
             backoff = min(MAX_BACKOFF_S,
-                          self.policy.restart_backoff_s * 2 ** len(self._recent))
+                          self.policy.restart_backoff_s * 2 ** self._in_window(time.monotonic()))
             self._recent.append(time.monotonic())
             self.restarts += 1
             log.warning("restarting the %s stage in %.2f s (restart %d; %d of %d in the last "
@@ -180,11 +205,7 @@ class StageSupervisor:
                 log.error("restarting the %s stage failed: %s", handle.name, exc)
                 if self._stopping:
                     return
-                if self._budget_left():
-                    continue
-                self._give_up()
-                handle.restarting = False
-                return
+                continue
             handle.restarting = False
             self._unanswered_since = None
             log.warning("the %s stage is back (pid %s) after restart %d", handle.name,

@@ -13,7 +13,9 @@ Environment (set by the tests): ``FAKE_DIFFUSION_LOG`` a folder receiving ``work
 abort method; ``FAKE_FFMPEG`` the FFmpeg to report. Prompt directives: ``!no-media`` (native
 ends without media, as on a guardrail block), ``!refuse`` (native refuses the parameters),
 ``!bad-file`` (native writes a file that is not the media it claims), ``!oom`` (native's worker
-runs out of GPU memory and ends the request without media, as native reports it).
+runs out of GPU memory and ends the request without media, as native reports it),
+``!slow-write=S`` (after its last step, native writes its MP4 a piece at a time over S
+seconds, as its encoder does: no step is reported meanwhile).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import time
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -79,8 +82,22 @@ def _generate(kwargs: dict[str, Any], step_s: float) -> tuple[str, Any]:
         path = Path(kwargs["output_path"]) / f"{kwargs['output_file_name']}.mp4"
         data = encode_mp4([frame_pixels(prompt, int(kwargs.get("seed", 0)), width, height, i)
                            for i in range(frames)], int(kwargs.get("fps", 24)))
+    slow = re.match(r"!slow-write=([0-9.]+)", prompt)
+    if slow:
+        _write_slowly(path, data, float(slow.group(1)))
+        return "ok", str(path)
     path.write_bytes(b"not media at all" if prompt.startswith("!bad-file") else data)
     return "ok", str(path)
+
+
+def _write_slowly(path: Path, data: bytes, seconds: float, pieces: int = 40) -> None:
+    """``data`` to ``path`` in ``pieces`` parts spread over ``seconds`` (an encoder's output)."""
+    size = max(1, -(-len(data) // pieces))
+    with path.open("wb") as out:
+        for start in range(0, len(data), size):
+            out.write(data[start:start + size])
+            out.flush()
+            time.sleep(seconds / pieces)
 
 
 def _action(request: dict[str, Any], folder: str, step_s: float) -> tuple[str, Any]:

@@ -106,7 +106,7 @@ def test_a_video_asked_early_sends_the_reasoner_copy_before_the_client_mp4(
     encode_mp4 = generation.encode_mp4
 
     def client_after_copy(*args: Any) -> bytes:
-        if args[-1].preset != READER_PRESET:
+        if args[4].preset != READER_PRESET:  # (frames, fps, sound, rate, encoding, progress)
             assert copy_sent.wait(30)
         return encode_mp4(*args)
 

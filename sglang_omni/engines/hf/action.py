@@ -37,6 +37,7 @@ from sglang_omni.contract.payloads import ActionResult, MediaResult
 from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.hf.common import JobCancelled, step_callback, to_uint8
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
+from sglang_omni.engines.video_delivery import encode_progress
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import VideoEncoding, encode_mp4
@@ -192,7 +193,7 @@ async def run_action(engine: Any, job: Job) -> StageResult:
     output = await engine.thread.call(_run, engine, job, kwargs, seed,
                                       release=engine.drop_vae_cache)
     if video_call:
-        return await _video_result(output, int(fields.get("fps") or 24),
+        return await _video_result(job, output, int(fields.get("fps") or 24),
                                    engine.encoding.with_preset(fields.get("x264_preset")))
     values = output.action[0].float()
     width = values.shape[-1]
@@ -210,13 +211,16 @@ async def run_action(engine: Any, job: Job) -> StageResult:
         raw_action_dim=dim, steps=int(kwargs["num_inference_steps"]))))
 
 
-async def _video_result(output: Any, fps: int, encoding: VideoEncoding) -> StageResult:
+async def _video_result(job: Job, output: Any, fps: int,
+                        encoding: VideoEncoding) -> StageResult:
     import anyio
 
     video = output.video
     if video is None or len(video) == 0:
         return StageResult(MediaResult(media=[], reason="the pipeline returned no frames"))
-    data = await anyio.to_thread.run_sync(lambda: encode_mp4(list(to_uint8(video)), fps,
-                                                                 encoding=encoding))
+    progress = encode_progress(job)
+    with job.timed("encode"):
+        data = await anyio.to_thread.run_sync(lambda: encode_mp4(
+            list(to_uint8(video)), fps, encoding=encoding, progress=progress))
     return StageResult(MediaResult(media=[{"kind": "video", "mime_type": "video/mp4",
                                            "frame": 0}], reason=None), [data])

@@ -55,7 +55,7 @@ from sglang_omni.engines.hf.common import (
     torch_dtype,
 )
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
-from sglang_omni.engines.video_delivery import encode_video
+from sglang_omni.engines.video_delivery import encode_progress, encode_video
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
 from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
@@ -155,9 +155,11 @@ class HFGenerator(ThreadedModelEngine):
         with job.timed("encode"):  # the frames as bytes, once for every encode
             pixels = await _to_thread(to_uint8, outcome[0])
         if modality == "video":
+            progress = encode_progress(job)
+
             async def encode(how: VideoEncoding, _for_reader: bool) -> bytes:
                 return await _to_thread(encode_mp4, list(pixels), call.fps, outcome[1],
-                                        sample_rate, how)
+                                        sample_rate, how, progress)
 
             data, mime = await encode_video(job, encode, encoding), "video/mp4"
         else:

@@ -279,10 +279,13 @@ class NativeGenerator:
 
     async def _native(self, job: Job, work: Callable[[], Any], folder: Path) -> Any:
         """Run ``work`` on a thread; on abort, stop it as planned and wait until it ended.
-        Meanwhile the steps the plugin records in ``folder`` are emitted as progress."""
+        Meanwhile the steps the plugin records in ``folder`` are emitted as progress, and so
+        is the growth of the files native SGLang writes there (its MP4 encode, after the last
+        step, reports nothing else: a slow x264 preset must not look like a hung engine)."""
         assert self._death is not None
         call = _on_thread(work)
         reported: tuple[int, int | None] | None = None
+        written = 0
         try:
             while not (call.done() or self._death.done()):
                 await asyncio.wait({call, self._death}, timeout=PROGRESS_POLL_S,
@@ -291,6 +294,9 @@ class NativeGenerator:
                 if step is not None and step != reported:
                     reported = step
                     job.emit({"step": step[0], "steps": step[1]})
+                if (size := written_bytes(folder)) > written:
+                    written = size
+                    job.progress()
         except asyncio.CancelledError:
             await self._stop(job.rid, call, folder)
             raise
@@ -346,6 +352,23 @@ class NativeGenerator:
         data, mime = await asyncio.to_thread(read_generated, outcome.path, folder, modality)
         return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
                                        reason=None), [data])
+
+
+def written_bytes(folder: Path) -> int:
+    """The bytes of the files directly in ``folder`` (0 where it is unreadable): what native
+    SGLang has written of a request's output so far."""
+    total = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total
 
 
 def _on_thread(work: Callable[[], Any]) -> asyncio.Future:
