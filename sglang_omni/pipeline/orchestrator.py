@@ -106,12 +106,13 @@ class Orchestrator:
             factory = config.stage("orchestrator").factory
             self.limits = Limits.from_factory(factory)
             self.max_active = int(factory["max_active"])
+            # the plan offers no generation max_dispatches cannot run (the demo's 3: one)
+            generations = self.pipeline.generations_within(self.limits.max_dispatches)
             self.scheduler = PlannedGenerations(
-                self.limits.timeout_s, self.pipeline.max_generations,
+                self.limits.timeout_s, generations,
                 on_fail_fast=lambda: self.observer.refused("deadline"))
             self.controller = UMMController(
-                self.pipeline.adapter_cls, self.limits, self._call,
-                self.pipeline.max_generations,
+                self.pipeline.adapter_cls, self.limits, self._call, generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
                     self.limits.max_dispatches),
                 largest_output_for=self.pipeline.largest_output_bytes,
