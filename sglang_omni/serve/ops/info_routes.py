@@ -61,7 +61,7 @@ def scripted_notice(backends: dict[str, str]) -> str | None:
     what = []
     if "reasoner" in scripted:
         what.append("the Reasoner follows an <omni-script> in the prompt (without one it "
-                    "gives a fixed reply)")
+                    "gives a canned reply)")
     if "generation" in scripted:
         what.append("images and videos are test patterns")
     return (f"scripted engines ({', '.join(scripted)}), no model: {' and '.join(what)} "
