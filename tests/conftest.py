@@ -1,6 +1,8 @@
 """Suite-wide hooks: the ``server`` marker on every test that starts a real server or stage
 process (the rule is in ``tests/markers.py``), so ``pytest -m "not server"`` runs the unit tests
-alone; and how ``pytest -n N --dist loadfile`` (``make test``) spreads files over workers."""
+alone; how ``pytest -n N --dist loadfile`` (``make test``) spreads files over workers; and a
+loud line at the end of a run whose browser tests were skipped (no chromium: the playground was
+not tested, which a bare skip count hides)."""
 
 from __future__ import annotations
 
@@ -47,3 +49,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return next((f for f in ONE_WORKER_FOLDERS if path.startswith(f)), path)
 
     return Scheduling(config, log)
+
+
+#: Where the browser tests live (tests/playground/conftest.py skips them without chromium).
+BROWSER_TESTS = "tests/playground/"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say loudly, last, that the browser tests were skipped and why (with ``-q`` and under
+    xdist too: the controller reads its workers' reports)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if getattr(r, "nodeid", "").startswith(BROWSER_TESTS)]
+    if not skipped:
+        return
+    longrepr = skipped[0].longrepr
+    reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+    terminalreporter.write_sep(
+        "!", f"{len(skipped)} BROWSER TESTS SKIPPED: the playground was not tested "
+        f"({reason.removeprefix('Skipped: ')})", yellow=True, bold=True)

@@ -26,7 +26,15 @@ class RandomWeights:
     @property
     def notice(self) -> str:
         """One sentence for people: what to expect, that the pipeline is real, and where the
-        checkpoint comes from."""
+        checkpoint comes from (a server that makes images and videos)."""
+        return self.notice_for(makes_media=True)
+
+    def notice_for(self, *, makes_media: bool) -> str:
+        """:attr:`notice` for a server that makes media, or one that only answers (text-only
+        chat: it makes no image, so it says nothing of images)."""
+        if not makes_media:
+            return ("random weights: answers are gibberish, but the Reasoner runs the real "
+                    f"model code (checkpoint built by {self.built_by})")
         return ("random weights: images are noise and answers are gibberish, but every stage "
                 f"runs the real model code (checkpoint built by {self.built_by})")
 

@@ -106,12 +106,13 @@ class Orchestrator:
             factory = config.stage("orchestrator").factory
             self.limits = Limits.from_factory(factory)
             self.max_active = int(factory["max_active"])
+            # the plan offers no generation max_dispatches cannot run (the demo's 3: one)
+            generations = self.pipeline.generations_within(self.limits.max_dispatches)
             self.scheduler = PlannedGenerations(
-                self.limits.timeout_s, self.pipeline.max_generations,
+                self.limits.timeout_s, generations,
                 on_fail_fast=lambda: self.observer.refused("deadline"))
             self.controller = UMMController(
-                self.pipeline.adapter_cls, self.limits, self._call,
-                self.pipeline.max_generations,
+                self.pipeline.adapter_cls, self.limits, self._call, generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
                     self.limits.max_dispatches),
                 largest_output_for=self.pipeline.largest_output_bytes,
@@ -134,8 +135,12 @@ class Orchestrator:
         """Server shutdown (SIGTERM, SIGINT): refuse new requests with 503 from now on, let
         those in flight run ``grace_s`` seconds, then :meth:`end_in_flight`."""
         self.stopping = True
-        log.info("shutting down: new requests get 503; requests in flight may run %g s more",
-                 grace_s)
+        requests, jobs = self.in_flight
+        if requests or jobs:
+            log.info("shutting down: new requests get 503; %d request(s) and %d stage job(s) "
+                     "in flight may run %g s more", requests, jobs, grace_s)
+        else:
+            log.info("shutting down: nothing in flight; new requests get 503")
         await asyncio.sleep(grace_s)
         self.end_in_flight()
 
@@ -313,6 +318,15 @@ class Orchestrator:
         """A new request's state: ``async with`` it around everything the request does (the
         HTTP layer: the route and its response); its exit is the request's one release."""
         return self.states.hold()
+
+    @property
+    def in_flight(self) -> tuple[int, int]:
+        """``(requests, stage jobs)`` running now: requests with an id and no answer sent yet
+        (a poll of /health has no id), and the jobs the stages hold (a video job runs on after
+        its answer)."""
+        requests = sum(1 for state in self.states if state.rid is not None
+                       and not state.answered)
+        return requests, sum(handle.open_jobs for handle in self.stages.handles.values())
 
     @property
     def admitted(self) -> int:

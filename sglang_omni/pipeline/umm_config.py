@@ -29,6 +29,13 @@ class UMMPipelineConfig(PipelineConfig):
         return f"{cls.adapter_cls.__module__}:{cls.adapter_cls.__qualname__}"
 
     @classmethod
+    def generations_within(cls, max_dispatches: int) -> int:
+        """The generations one request can run within ``max_dispatches`` stage dispatches:
+        each takes a Reasoner turn to ask for it and a dispatch to run it, and a last turn
+        answers (3 dispatches allow 1), at most ``max_generations``."""
+        return min(cls.max_generations, max(0, (max_dispatches - 1) // 2))
+
+    @classmethod
     def largest_output_bytes(cls, max_dispatches: int) -> int:
         """Subclasses say what their outputs can take; the base assumes every dispatch may
         output one media item at the 8 MiB inline limit, base64-encoded."""

@@ -33,7 +33,7 @@ class Cosmos3UMMPipelineConfig(UMMPipelineConfig):
         """Generations at the inline limit as base64 data URLs, a prompt per generation and an
         answer per other turn at the character limits in worst-case UTF-8 (about 86 MiB for
         17 dispatches)."""
-        generations = min(cls.max_generations, max(0, (max_dispatches - 1) // 2))
+        generations = cls.generations_within(max_dispatches)
         media = generations * 4 * math.ceil(INLINE_LIMIT / 3)
         text = (generations * MAX_PROMPT_CHARS
                 + (max_dispatches - generations) * MAX_ANSWER_CHARS) * UTF8_MAX

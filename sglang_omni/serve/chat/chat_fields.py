@@ -19,6 +19,9 @@ INTEGER_FIELDS = ("top_k", "seed", "max_tokens", "max_completion_tokens", "min_t
                   "top_logprobs")
 ROLES = ("system", "user", "assistant", "developer")
 PART_TYPES = ("text", *CHAT_MEDIA_PART_KEYS)
+#: The keys of ``stream_options``: native SGLang's two (``include_usage``,
+#: ``continuous_usage_stats``) and Omni's ``include_progress``; each takes true, false or null.
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats", "include_progress")
 
 
 def check_messages(messages: Any) -> None:
@@ -57,6 +60,26 @@ def check_part(part: ContentPart) -> None:
         return
     if not part.url:
         raise BadRequest(f"{part.label}: expected {{\"url\": \"...\"}} with a non-empty url")
+
+
+def check_stream_options(options: Any) -> None:
+    """``stream_options``: an object of :data:`STREAM_OPTIONS` keys, each true, false or null
+    (a boolean, never a string or a number, as native SGLang and the OpenAI API check it).
+    ``continuous_usage_stats`` true is refused: usage is counted once, for the last chunk."""
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options: expected an object, for example "
+                         '{"include_usage": true}')
+    for key, value in options.items():
+        where = f"stream_options.{key}"
+        if key not in STREAM_OPTIONS:
+            raise BadRequest(f"{where}: not a stream option of this server; use "
+                             f"{', '.join(STREAM_OPTIONS)}")
+        if value is not None and not isinstance(value, bool):
+            raise BadRequest(f"{where}: expected true or false, got {repr(value)[:60]}")
+    if options.get("continuous_usage_stats"):
+        raise BadRequest("stream_options.continuous_usage_stats: usage is sent once, on the "
+                         "last chunk; use include_usage and set continuous_usage_stats to "
+                         "false or leave it out")
 
 
 def check_media_list(kind: str, items: Any) -> None:

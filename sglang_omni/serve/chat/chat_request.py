@@ -112,14 +112,11 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
                          f"fields under stage_params.{reasoner_stage}")
     stream = bool(fields.get("stream"))
     options = fields.get("stream_options") or {}
-    include_progress = options.get("include_progress", False)
+    include_progress = options.get("include_progress") is True  # the schema checked the type
     req = chat_request_of(fields, fields["messages"], stream=stream,
                           reasoner_stage=reasoner_stage, known_stages=known_stages)
-    if not isinstance(include_progress, bool):
-        raise BadRequest(f"stream_options.include_progress: expected true or false, got "
-                         f"{include_progress!r}")
     check_progress_needs_stream("stream_options.include_progress", include_progress, stream)
-    req.include_usage = bool(options.get("include_usage"))
+    req.include_usage = options.get("include_usage") is True
     req.include_progress = include_progress
     return req
 

@@ -204,7 +204,8 @@ def _build_server(config: ResolvedConfig, orchestrator: Any, holder: dict[str, A
         random = app.state.random_weights
         line = ready_line(orchestrator.mode, url, config.server.api_key is not None,
                           time.monotonic() - started, scripted=_scripted_reasoner(config),
-                          notice=random.notice if random is not None else None)
+                          notice=random.notice_for(makes_media=orchestrator.mode != "chat")
+                          if random is not None else None)
         if log_format == "json":  # a log collector reads JSON lines only
             log.info(line.removeprefix("sgl-omni: "),
                      extra={"omni_fields": {"event": "ready", "playground": f"{url}/"}})

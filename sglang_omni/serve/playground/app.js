@@ -5,8 +5,13 @@
 
 const KEY_STORAGE = "sgl-omni-api-key";
 const $ = (id) => document.getElementById(id);
-const state = { mode: null, model: null, history: [], attachments: [], controller: null,
-                videoJob: null, question: null };
+const state = { mode: null, model: null, info: {}, history: [], attachments: [],
+                controller: null, videoJob: null, question: null,
+                // direct generation: every video job seen, the newest answer about each wins
+                jobs: new Map(), asked: 0, jobStarted: new Map(), deleted: new Set() };
+// The text-only page's max_tokens unless the user sets another (without it the Reasoner may
+// decode up to its context length).
+const CHAT_MAX_TOKENS = 256;
 // Prompts the empty conversation offers, by pipeline mode; clicking one fills the prompt.
 const EXAMPLES = {
   umm: ["Draw a red cube, then describe it.",
@@ -14,6 +19,19 @@ const EXAMPLES = {
         "Generate an image of a sunset over the sea, then name its colours."],
   chat: ["What is in a red cube?", "Explain in two sentences what a diffusion model does.",
          "Write a haiku about a video that loops."],
+};
+// With the scripted engines (make serve-demo) the Reasoner follows a script in the prompt
+// (docs/scripted-engines.md): these examples carry one, so they make what they say.
+const script = (entries, text) => `<omni-script>${JSON.stringify(entries)}</omni-script> ${text}`;
+const SCRIPTED_EXAMPLES = {
+  umm: [script([{ action: "image", prompt: "a red cube" },
+                { action: "final", text: "Here is a red cube (a scripted test pattern)." }],
+               "Draw a red cube, then describe it."),
+        script([{ action: "video", prompt: "a ball rolling down a hill" },
+                { action: "final", text: "A ball rolls down a hill (a scripted test pattern)." }],
+               "Make a short video of a ball rolling down a hill, then say what happens in it."),
+        script([{ action: "final", text: "The conversation so far holds {media}." }],
+               "Which images and videos have you seen?")],
 };
 
 // --- the API key, asked for when the server answers 401, kept in this tab only ---------------
@@ -162,16 +180,22 @@ function scrollDown() {
   c.scrollTop = Math.max(0, top);
 }
 
+function examplePrompts() {
+  const scripted = (state.info.engines || {}).reasoner === "scripted";
+  return (scripted && SCRIPTED_EXAMPLES[state.mode]) || EXAMPLES[state.mode] || [];
+}
+
 function renderExamples() {
   const box = $("examples");
-  const prompts = EXAMPLES[state.mode] || [];
+  const prompts = examplePrompts();
   box.hidden = $("conversation").children.length > 0 || !prompts.length;
   if (box.children.length > 1) return;
   for (const text of prompts) {
     const example = document.createElement("button");
     example.type = "button";
     example.className = "example secondary";
-    example.textContent = text;
+    example.append(userText(text, "span"));
+    example.title = text;
     example.onclick = () => { $("prompt").value = text; $("prompt").focus(); };
     box.append(example);
   }
@@ -199,8 +223,8 @@ function renderSegment(turn, segment) {
 }
 
 // The user's text; a scripted-engine script (<omni-script>…</omni-script>) shows as a chip.
-function userText(text) {
-  const p = document.createElement("p");
+function userText(text, tag = "p") {
+  const p = document.createElement(tag);
   const script = /<omni-script>[\s\S]*?<\/omni-script>/;
   const match = script.exec(text);
   if (match) {
@@ -410,6 +434,7 @@ function setupChat() {
   if (state.mode === "chat") {
     $("generation-options").hidden = true;
     $("max-tokens-label").hidden = false;
+    $("opt-max-tokens").value = String(CHAT_MAX_TOKENS);
     $("prompt").placeholder = "Ask the Reasoner (attach an image or a video to ask about it)…";
   }
   $("composer").onsubmit = send;
@@ -481,9 +506,54 @@ async function generateImage(event) {
   }
 }
 
+// Every video job the page saw, by id, from one store: the status line and the side panel
+// both show what it holds, and an answer replaces an entry only if it was asked for after the
+// one the entry came from (a slow list poll cannot undo a "completed" seen since).
+function noteJob(job, asked) {
+  if (state.deleted.has(job.id)) return;
+  const seen = state.jobs.get(job.id);
+  if (!seen || asked > seen.asked) state.jobs.set(job.id, { asked, job });
+}
+
+function jobLine(id) {
+  const seen = state.jobs.get(id);
+  return seen ? `${seen.job.status}, ${seen.job.progress}%` : "…";
+}
+
+function renderJobs() {
+  const jobs = $("jobs");
+  jobs.replaceChildren();
+  const newest = [...state.jobs.values()].map((s) => s.job)
+    .sort((a, b) => b.created_at - a.created_at || (a.id < b.id ? 1 : -1)).slice(0, 8);
+  for (const job of newest) {
+    const li = document.createElement("li");
+    li.dataset.id = job.id;
+    li.textContent = `${job.id.slice(0, 10)}: ${jobLine(job.id)}`;
+    jobs.append(li);
+  }
+  if (!jobs.children.length) jobs.textContent = "none";
+}
+
+// The video form's one state: the job it follows (its status line) and its error.
+function showVideo({ job = null, error = "" }) {
+  const status = $("video-status");
+  status.hidden = job === null;
+  if (job !== null) {
+    const timing = state.jobStarted.get(job);  // { started, ended } in page time
+    const seen = state.jobs.get(job);
+    const running = seen && (seen.job.status === "queued" || seen.job.status === "in_progress");
+    if (timing && !running && timing.ended === undefined) timing.ended = performance.now();
+    const seconds = timing
+      ? ` · ${(((timing.ended ?? performance.now()) - timing.started) / 1000).toFixed(1)} s` : "";
+    status.textContent = `job ${job}: ${jobLine(job)}${seconds}`;
+  }
+  showError("video-error", error);
+  renderJobs();
+}
+
 async function createVideo(event) {
   event.preventDefault();
-  showError("video-error", "");
+  showVideo({});  // a new Send: the last job's line and error go
   const fields = { prompt: $("video-prompt").value, ...sizeFields($("video-size").value) };
   setIf(fields, "num_frames", numberField("video-frames"));
   setIf(fields, "fps", numberField("video-fps"));
@@ -501,37 +571,42 @@ async function createVideo(event) {
                 body: JSON.stringify(fields) };
   }
   $("video-go").disabled = true;
+  const asked = ++state.asked;
   const response = await api("/v1/videos", options);
   if (!response.ok) {
-    showError("video-error", await errorText(response));
+    showVideo({ error: await errorText(response) });
     $("video-go").disabled = false;
     return;
   }
-  const job = await response.json();
-  state.videoJob = job.id;
+  const created = await response.json();
+  noteJob(created, asked);
+  const id = created.id;
+  state.videoJob = id;
+  state.jobStarted.set(id, { started: performance.now() });
   $("video-stop").disabled = false;
-  const status = $("video-status");
-  status.hidden = false;
-  const started = performance.now();
   try {
     for (;;) {
-      const polled = await api(`/v1/videos/${job.id}`);
-      if (!polled.ok) { showError("video-error", await errorText(polled)); return; }
-      const now = await polled.json();
-      const elapsed = ((performance.now() - started) / 1000).toFixed(1);
-      status.textContent = `job ${now.id}: ${now.status}, ${now.progress}% · ${elapsed} s`;
-      if (now.status === "failed") { showError("video-error", now.error && now.error.message); return; }
-      if (now.status === "completed") {
-        const content = await api(`/v1/videos/${job.id}/content`);
-        if (!content.ok) { showError("video-error", await errorText(content)); return; }
-        await showMediaResult("video-result", "video", await content.blob(), `${job.id}.mp4`);
+      const polledAt = ++state.asked;
+      const polled = await api(`/v1/videos/${id}`);
+      if (state.videoJob !== id) return;  // stopped (and deleted) meanwhile
+      if (!polled.ok) { showVideo({ job: id, error: await errorText(polled) }); return; }
+      noteJob(await polled.json(), polledAt);
+      const now = state.jobs.get(id).job;
+      showVideo({ job: id });
+      if (now.status === "failed") {
+        showVideo({ job: id, error: (now.error && now.error.message) || "failed" });
         return;
       }
-      if (state.videoJob !== job.id) return;
+      if (now.status === "completed") {
+        const content = await api(`/v1/videos/${id}/content`);
+        if (!content.ok) { showVideo({ job: id, error: await errorText(content) }); return; }
+        await showMediaResult("video-result", "video", await content.blob(), `${id}.mp4`);
+        return;
+      }
       await new Promise((r) => setTimeout(r, 400));
     }
   } finally {
-    if (state.videoJob === job.id) state.videoJob = null;
+    if (state.videoJob === id) state.videoJob = null;
     $("video-go").disabled = false;
     $("video-stop").disabled = true;
   }
@@ -542,8 +617,16 @@ async function stopVideo() {
   if (!id) return;
   state.videoJob = null;
   const response = await api(`/v1/videos/${id}`, { method: "DELETE" });
-  $("video-status").textContent = response.ok ? `job ${id}: stopped and deleted`
-    : await errorText(response);
+  if (response.ok) {
+    state.deleted.add(id);
+    state.jobs.delete(id);
+    showVideo({});
+    const status = $("video-status");
+    status.hidden = false;
+    status.textContent = `job ${id}: stopped and deleted`;
+  } else {
+    showVideo({ job: id, error: await errorText(response) });
+  }
 }
 
 async function generateAction(event) {
@@ -583,6 +666,11 @@ function setupDirect() {
   // a failed call (the server gone) shows in the form's error box
   const shown = (handler, box) => (event) => handler(event).catch(
     (error) => showError(box, `the request failed: ${error.message}`));
+  // a Send the browser refuses (a field out of its pattern) says why itself: no older error
+  for (const [form, box] of [["image-form", "image-error"], ["video-form", "video-error"],
+                             ["action-form", "action-error"]]) {
+    $(form).addEventListener("invalid", () => showError(box, ""), true);
+  }
   $("image-form").onsubmit = shown(generateImage, "image-error");
   $("video-form").onsubmit = shown(createVideo, "video-error");
   $("video-stop").onclick = shown(stopVideo, "video-error");
@@ -663,17 +751,17 @@ async function pollQueue() {
 }
 
 async function pollJobs() {
+  const asked = ++state.asked;
   const response = await api("/v1/videos");
   if (!response.ok) return;
   const list = await response.json();
-  const jobs = $("jobs");
-  jobs.replaceChildren();
-  for (const job of (list.data || []).slice(0, 8)) {
-    const li = document.createElement("li");
-    li.textContent = `${job.id.slice(0, 10)}: ${job.status} ${job.progress}%`;
-    jobs.append(li);
+  const held = new Set((list.data || []).map((job) => job.id));
+  for (const id of [...state.jobs.keys()]) {
+    if (!held.has(id) && state.jobs.get(id).asked < asked) state.jobs.delete(id);  // gone
   }
-  if (!jobs.children.length) jobs.textContent = "none";
+  for (const job of list.data || []) noteJob(job, asked);
+  renderJobs();
+  if (state.videoJob) showVideo({ job: state.videoJob });
 }
 
 function startPolling() {
@@ -699,26 +787,34 @@ async function main() {
   state.model = card.id;
   const names = { umm: "interleaved understanding and generation", chat: "text-only chat",
                   generation: "direct generation" };
-  const pipeline = card.pipeline === card.id ? "" : ` (${card.pipeline})`;
-  $("model-line").textContent = `${card.id} · ${names[card.mode] || card.mode}${pipeline}`;
+  // the served model name (what a client sends as "model"), then the pipeline class apart
+  const unnamed = card.id === card.pipeline ? " (the pipeline's name: --model-name sets one)" : "";
+  $("model-line").textContent = `model ${card.id}${unnamed} · ${names[card.mode] || card.mode}`
+    + ` · pipeline ${card.pipeline}`;
   document.body.dataset.mode = card.mode;
   $("queue-box").hidden = card.mode !== "umm";
+  await showNotices();
   if (card.mode === "generation") setupDirect(); else setupChat();
-  await showWeightsNotice();
   startPolling();
   document.body.dataset.ready = "1";
 }
 
-// A checkpoint built with random weights (sgl-omni make-checkpoint, the demo) makes noise and
-// gibberish: the server says so in /server_info, and the page says it above everything.
-async function showWeightsNotice() {
+function sentence(text) { return text.charAt(0).toUpperCase() + text.slice(1) + "."; }
+
+// What the server says of itself (/server_info) above everything: a checkpoint built with
+// random weights (sgl-omni make-checkpoint, the demo) makes noise and gibberish; the scripted
+// engines (make serve-demo, the tests) run no model at all.
+async function showNotices() {
   const response = await api("/server_info");
   if (!response.ok) return;
   const info = await response.json();
-  const notice = $("weights-notice");
-  notice.hidden = !info.random_weights;
-  notice.textContent = info.random_weights
-    ? info.notice.charAt(0).toUpperCase() + info.notice.slice(1) + "." : "";
+  state.info = info;
+  const weights = $("weights-notice");
+  weights.hidden = !info.random_weights;
+  weights.textContent = info.random_weights ? sentence(info.notice) : "";
+  const scripted = $("scripted-notice");
+  scripted.hidden = !info.scripted;
+  scripted.textContent = info.scripted ? sentence(info.scripted_notice) : "";
 }
 
 main();

@@ -23,6 +23,7 @@ from sglang_omni.serve.chat.chat_fields import (
     check_messages,
     check_number_fields,
     check_stage_table,
+    check_stream_options,
 )
 from sglang_omni.serve.schemas.fields import (
     BOOLEAN,
@@ -99,6 +100,18 @@ STAGE_PARAMS = _stage_table("stage_params")
 STAGE_SAMPLING = _stage_table("stage_sampling")
 IMAGES = _media_list("image")
 VIDEOS = _media_list("video")
+STREAM_OPTIONS = checked(check_stream_options, {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "include_usage": {"type": ["boolean", "null"],
+                          "description": "adds usage to the last chunk"},
+        "continuous_usage_stats": {"type": ["boolean", "null"],
+                                   "description": "native's; only false is served (usage comes "
+                                   "once, with include_usage)"},
+        "include_progress": {"type": ["boolean", "null"],
+                             "description": "interleaved pipeline: adds chunks with "
+                             "choices[0].delta.progress: the Reasoner turn and each "
+                             "generation's steps"}}}, "stream_options")
 CHAT_ONLY = documented({"type": "boolean"}, "text-only chat, non-streaming")
 TOOLS = documented({"type": "array", "items": {"type": "object"}},
                    "refused: run sglang serve for native tool calls")
@@ -125,10 +138,12 @@ class ChatCompletionRequest(ChatFields):
     """An OpenAI chat completion request, with Omni's ``stage_params``/``stage_sampling``."""
 
     messages: Annotated[Any, MESSAGES] = Field(..., description="the conversation")
-    stream_options: Annotated[Any, OBJECT] = Field(
-        None, description='{"include_usage": true} adds usage to the last chunk; '
+    stream_options: Annotated[Any, STREAM_OPTIONS] = Field(
+        None, description='booleans (true, false or null; any other key or value is a 400): '
+        '{"include_usage": true} adds usage to the last chunk; '
         '{"include_progress": true} (interleaved pipeline) adds chunks with '
-        "choices[0].delta.progress: the Reasoner turn and each generation's steps")
+        "choices[0].delta.progress: the Reasoner turn and each generation's steps; native's "
+        "continuous_usage_stats is accepted as false only")
     response_format: Annotated[Any, OBJECT] = Field(
         None, description="text-only chat: a JSON schema or regex constraint; the interleaved "
         "pipeline sets its own")
