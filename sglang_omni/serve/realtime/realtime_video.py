@@ -109,7 +109,7 @@ def start_session(ctx: DirectContext, value: Any) -> Session:
     if value.get("type") != "init":
         raise BadRequest('type: the first message is the generate request, {"type": "init", '
                          '"prompt": ...}')
-    body = flatten(validate(RealtimeVideoInit, value))
+    body = flatten(validate(RealtimeVideoInit, value), ctx.settings)
     body.pop("type")
     first_frame, max_chunks = body.pop("first_frame", None), body.pop("max_chunks", None)
     most = ctx.settings.max_realtime_chunks
