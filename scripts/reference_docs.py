@@ -160,6 +160,15 @@ def configuration() -> str:
             "serves the toy model of `tests/toy_model` (its own adapter, prompts and limits) "
             "through the same routes:", "", "```yaml", "model_packages: [tests.toy_model]",
             "config_cls: ToyUMMPipelineConfig", "```", "",
+            "Served from the repository root:", "",
+            "```bash runnable=serve",
+            ".venv/bin/sgl-omni serve --config tests/toy_model/toy-umm-scripted.yaml --port 8000",
+            "```", "",
+            "A module of `model_packages` is an absolute dotted name, looked up on the Python "
+            "path and then in the current directory (as `python -m` finds it: the console "
+            "script has no current directory on its path); one that is not a module name, "
+            "cannot be imported or fails as it is imported is a configuration error (exit 2).",
+            "",
             "Every process that loads the config imports them: the server and its stage "
             "processes, and with `--ray` every Ray node that runs a replica, so install a model "
             "package in each node's environment (or ship it with Ray's `runtime_env`).", ""]

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from sglang_omni.config.gpus import visible_gpu_count
+from sglang_omni.config.model_imports import check_module_name
 from sglang_omni.config.schema import (
     CPU_BACKENDS,
     FactoryField,
@@ -201,9 +202,9 @@ def _model_packages(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+    if not isinstance(names, list):
         raise ConfigError(f"model_packages: expected a list of module names, got {value!r}")
-    return tuple(names)
+    return tuple(check_module_name(name) for name in names)
 
 
 def load_config(

@@ -10,6 +10,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from sglang_omni.config.model_imports import import_model_package
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import ConfigError
 
@@ -202,16 +203,15 @@ def register_pipeline(cls: type[PipelineConfig]) -> type[PipelineConfig]:
 
 def load_model_packages(packages: tuple[str, ...] | list[str] = ()) -> None:
     """Import the built-in models and each module of ``packages`` (``model_packages``), once
-    each: importing one registers its pipelines. ConfigError names a module that fails to
-    import."""
+    each: importing one registers its pipelines. ConfigError names a module that is not a
+    module name, cannot be imported or fails as it is (:mod:`.model_imports`)."""
     for name in (BUILT_IN_MODELS, *packages):
         if name in _LOADED:
             continue
-        try:
+        if name == BUILT_IN_MODELS:
             importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigError(f"model_packages: cannot import {name!r} ({exc}); name an "
-                              f"importable module that registers pipelines") from exc
+        else:
+            import_model_package(name)
         _LOADED.add(name)
 
 

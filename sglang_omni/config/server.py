@@ -92,6 +92,9 @@ class ServerSettings:
     #: behind others before it is refused with 503 (one the queue ahead would keep waiting
     #: longer, at the measured time per request, is refused at once).
     direct_wait_s: float = 600.0
+    #: Direct generation: most chunks one realtime video session may ask for (its max_chunks),
+    #: also the number of chunks of a session that names none (400 above it).
+    max_realtime_chunks: int = 100
     #: Seconds the requests in flight may still run after SIGTERM or SIGINT (new ones get 503
     #: meanwhile); the server then ends those still running with 503 "the server is shutting
     #: down" (a stream with its error event and [DONE]) and exits.
@@ -111,7 +114,7 @@ _MINIMUM: dict[str, float] = {
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
     "body_timeout_s": 0.001, "send_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
-    "max_direct_queue": 1, "direct_wait_s": 0.001,
+    "max_direct_queue": 1, "direct_wait_s": 0.001, "max_realtime_chunks": 1,
     "shutdown_grace_s": 0,
 }
 KEYS = tuple(f.name for f in fields(ServerSettings))

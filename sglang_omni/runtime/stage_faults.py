@@ -10,6 +10,7 @@ calls because of the stage's process:
 * ``_on_exit(gen)`` (the process exited, on the loop): every call in flight fails with
   ``StageDied`` saying whether the stage is restarting, the death listeners are told, and each
   request failed by the fault is counted once in :attr:`failed_requests`.
+* ``not_running(rid)``: the error of a call the stage cannot take now, saying why.
 * ``end_calls(error_of)`` (server shutdown): fail every call with ``error_of(rid)``, abort its
   job on the stage, and fail every later call with it at once.
 """
@@ -107,6 +108,25 @@ class StageFaults:
                   "counts every request it fails)", self.name, what, len(self.calls.pending))
         self._stall_failed = set(self._fail_all(message))
         self._kill()
+
+    def not_running(self, rid: str) -> StageDied:
+        """What a call for ``rid`` is told when the stage cannot take it now: what actually
+        happened to the stage (it stalled and is being killed and restarted, it is restarting or
+        still starting), and "the server is unhealthy" only for a stage that is down for good (a
+        stalled stage came back 2.8 s later, while its waiting requests had been told the server
+        was unhealthy)."""
+        if self.stalled:
+            cause = self._stall_cause or "stopped answering"
+            return StageDied(f"the {self.name} stage {cause} before request {rid} could run on "
+                             "it; it is restarted if its restart budget allows: retry shortly")
+        if self.restarting:
+            return StageDied(f"the {self.name} stage is restarting after a fault (request "
+                             f"{rid} could not run on it); retry shortly")
+        if not self.dead:
+            return StageDied(f"the {self.name} stage is still starting (request {rid} could not "
+                             "run on it); retry when GET /health answers ok")
+        return StageDied(f"the {self.name} stage is not running ({self.last_fault or 'exited'}) "
+                         "and is not restarted; the server is unhealthy and needs a restart")
 
     # --- shutdown -------------------------------------------------------------------------------
     def end_calls(self, error_of: Callable[[str], OmniError]) -> int:

@@ -264,8 +264,7 @@ class StageHandle(StageFaults):
         if not self.healthy:
             if self.stalled:  # a request the stall fails: its exit counts it
                 self._stall_failed.add(rid)
-            raise StageDied(f"the {self.name} stage is not running ({self.status}); "
-                            + ("retry shortly" if self.restarting else "the server is unhealthy"))
+            raise self.not_running(rid)
         if self._ended_by is not None:
             raise self._ended_by(rid)
         if rid in self.calls.pending:

@@ -132,7 +132,25 @@ def test_model_packages_register_pipelines_outside_omni(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("value", "needle"), [
     ("[no_such_module_for_omni]", "model_packages: cannot import 'no_such_module_for_omni'"),
     ("{a: 1}", "model_packages: expected a list of module names"),
+    ('[".x"]', "model_packages: '.x' is not a module name"),  # was a TypeError traceback
+    ("['a b']", "model_packages: 'a b' is not a module name"),
+    ("[1]", "model_packages: 1 is not a module name"),
 ])
 def test_model_packages_refusals_name_the_key(tmp_path: Path, value: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         load_config(write(tmp_path, f"model_packages: {value}\n{SPEC_YAML}"), visible_gpus=2)
+
+
+def test_a_bad_model_package_is_a_configuration_error_exit_2(tmp_path: Path) -> None:
+    """``model_packages: [".x"]`` crashed with a TypeError traceback and exit 1; a module that
+    fails as it is imported did too."""
+    (tmp_path / "broken_omni_models.py").write_text("raise RuntimeError('half written')\n")
+    for value, says in (('[".x"]', "model_packages: '.x' is not a module name"),
+                        ("[broken_omni_models]", "model_packages: importing "
+                         "'broken_omni_models' failed (RuntimeError: half written)")):
+        config = write(tmp_path, f"model_packages: {value}\n{SPEC_YAML}")
+        out = subprocess.run([sys.executable, "-m", "sglang_omni", "config", "resolve",
+                              "--config", str(config)], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path)
+        assert out.returncode == 2, out.stderr
+        assert says in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -248,12 +248,15 @@ def test_action_route_reads_json_forms_and_msgpack_only(server: Server) -> None:
 def test_action_form_field_nested_too_deep_is_400(server: Server, field: str,
                                                   levels: int) -> None:
     """A form field holding JSON nested past server.max_json_depth is the client's error at any
-    depth (100,000 levels broke the JSON decoder's recursion: a 500)."""
+    depth (100,000 levels broke the JSON decoder's recursion: a 500), naming the field (at 70
+    levels the message named the body only)."""
     deep = "[" * levels + "]" * levels
     resp = HTTP.post(f"{server.url}/v1/actions/generations",
                      data={"prompt": "t", field: deep})
     assert resp.status_code == 400, resp.text
-    assert "max_json_depth" in error_of(resp)["message"]
+    message = error_of(resp)["message"]
+    assert message.startswith(f"{field}: nested deeper than 64 levels"), message
+    assert "max_json_depth" in message
     assert "RecursionError" not in server.log()
 
 

@@ -30,9 +30,10 @@ def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(media_root: Path):
-    # inline media up to 4 KiB per request: the 90-byte PNG passes, 5000 bytes do not
+    # inline media up to 4 KiB per request: the 90-byte PNG passes, 5000 bytes do not; JSON
+    # nested at most 16 deep (the default is 64)
     with scripted_server("--generation.factory.step_time_s", "0.01", "--model-name", "cosmos3",
-                         "--server.max_media_bytes", "4096",
+                         "--server.max_media_bytes", "4096", "--server.max_json_depth", "16",
                          "--allowed-local-media-path", str(media_root)) as srv:
         yield srv
 
@@ -152,6 +153,18 @@ def test_video_reference_upload_and_urlencoded_forms(server: Server) -> None:
 def test_video_form_refusals_come_before_any_work(server: Server, data: dict, files: object,
                                                   says: str) -> None:
     assert says in refused(server, "/v1/videos", data=data, files=files)
+
+
+@pytest.mark.parametrize("route", ["/v1/images/generations", "/v1/videos"])
+@pytest.mark.parametrize("container", ["extra_params", "extra_body"])
+def test_extra_fields_as_json_text_take_the_servers_depth_limit(server: Server, route: str,
+                                                                container: str) -> None:
+    """``extra_params``/``extra_body`` sent as JSON text were parsed with the default
+    ``max_json_depth`` (64), whatever the server's was."""
+    deep = "[" * 20 + "]" * 20
+    says = refused(server, route, json={"prompt": "w", container: f'{{"seed": {deep}}}'})
+    assert says.startswith(f"{container}: "), says
+    assert "nested deeper than 16 levels (server.max_json_depth)" in says, says
 
 
 # --- actions -----------------------------------------------------------------------------------

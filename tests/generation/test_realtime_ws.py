@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from sglang_omni.engines.synth_media import decode_mp4_frames, encode_png, frame_pixels
-from tests.generation.kit import metric, scripted_server, wait_for
+from tests.generation.kit import HTTP, error_of, metric, scripted_server, wait_for
 from tests.server import Server
 
 PNG = encode_png(frame_pixels("cat", 0, 8, 8, 0))
@@ -224,7 +224,7 @@ def _silent_session(server: Server) -> socket.socket:
                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
                  "Sec-WebSocket-Version: 13\r\n\r\n".encode())
     assert sock.recv(12) == b"HTTP/1.1 101"
-    init = msgpack.packb({**INIT, "prompt": "!size=3000000 sea", "max_chunks": 1000})
+    init = msgpack.packb({**INIT, "prompt": "!size=3000000 sea", "max_chunks": 100})
     sock.sendall(bytes([0x82, 0x80 | 126]) + struct.pack(">H", len(init)) + b"\0\0\0\0" + init)
     return sock
 
@@ -264,3 +264,68 @@ def test_an_upgraded_connection_outlives_the_http_deadlines() -> None:
         assert [c.get("chunk_index") for c in chunks] == [0, 1], chunks
         assert closed_code(conn) == 1000
         assert time.monotonic() - started > 3  # past every deadline of the HTTP protocol
+
+
+# --- admission ---------------------------------------------------------------------------------
+def refusals(server: Server, reason: str) -> float:
+    """``sgl_omni_admission_refusals_total`` for ``reason``."""
+    for line in HTTP.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(f'sgl_omni_admission_refusals_total{{reason="{reason}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no refusal counter for {reason}")
+
+
+def test_max_chunks_has_a_server_maximum(server: Server) -> None:
+    """``max_chunks`` 2**63 was taken: a session that held the one slot for ever."""
+    with ws(server, "/v1/realtime_video/generate") as conn:
+        for too_many in (2**63, 101):
+            conn.send(msgpack.packb({**INIT, "max_chunks": too_many}))
+            error = recv(conn)
+            assert error["content"] == "invalid generate request", error
+            message = error["error"]["message"]
+            assert message.startswith("max_chunks: at most 100 (server.max_realtime_chunks)"), \
+                message
+        conn.send(msgpack.packb({**INIT, "max_chunks": 1}))  # the session is still usable
+        assert recv(conn)["type"] == "frame_batch"
+        assert closed_code(conn) == 1000
+
+
+SLOW_ACTION = {**ACTION, "parameters": {**ACTION["parameters"], "num_inference_steps": 100}}
+
+
+def test_realtime_requests_take_admission_tickets() -> None:
+    """Each realtime action and each realtime video chunk takes a ticket of the direct routes'
+    admission for its own generation: over ``server.max_direct_queue`` it is refused as the
+    HTTP route refuses (500 sessions of 4 actions used to put 100 generations side by side on
+    the stage, 0 refused); a session between its requests holds none."""
+    with scripted_server("--generation.factory.step_time_s", "0.25", "--server.max_direct_queue",
+                         "1", "--server.max_realtime_chunks", "2") as slow:
+        actions = f"{slow.url}/v1/actions/generations"
+        with ws(slow, "/v1/actions/realtime") as busy:
+            recv(busy)
+            busy.send(msgpack.packb(SLOW_ACTION))  # 25 s: holds the only ticket
+            wait_for(lambda: metric(slow, "submitted") == 1, timeout=30)
+            with ws(slow, "/v1/actions/realtime") as refused:
+                recv(refused)
+                refused.send(msgpack.packb(ACTION))
+                error = recv(refused)
+                assert error["code"] == 503 and error["type"] == "service_unavailable", error
+                assert "server.max_direct_queue 1" in error["error"], error
+                assert closed_code(refused) == 1011
+            assert error_of(HTTP.post(actions, json=ACTION))["code"] == 503
+            assert refusals(slow, "direct_queue") == 2
+        wait_for(lambda: metric(slow, "aborted") == 1, timeout=30)  # its client left
+        with ws(slow, "/v1/actions/realtime") as idle:  # answered, then idle: holds no ticket
+            recv(idle)
+            idle.send(msgpack.packb(ACTION))
+            assert recv(idle)["object"] == "action.generation"
+            assert HTTP.post(actions, json=ACTION).status_code == 200
+        with ws(slow, "/v1/realtime_video/generate") as video:
+            video.send(msgpack.packb({**INIT, "num_inference_steps": 100}))
+            wait_for(lambda: metric(slow, "submitted") == 4, timeout=30)  # its first chunk
+            assert error_of(HTTP.post(actions, json=ACTION))["code"] == 503
+        wait_for(lambda: metric(slow, "aborted") == 2, timeout=30)
+        with ws(slow, "/v1/realtime_video/generate") as video:  # no max_chunks: the maximum
+            video.send(msgpack.packb({**INIT, "num_inference_steps": 1}))
+            assert [recv(video)["chunk_index"] for _ in range(2)] == [0, 1]
+            assert closed_code(video) == 1000

@@ -78,6 +78,9 @@ def problem(request: InFlight, stage: str, signalled: float, bound: float) -> st
         return wrong
     if error.get("code") not in (500, 503) or stage not in str(error.get("message")).lower():
         return f"{request.label}: the error does not name the {stage} stage: {error!r}"
+    if "unhealthy" in str(error.get("message")):  # the stage comes back: say what happened
+        return f"{request.label}: told the server is unhealthy, though {stage} restarts: " \
+            f"{error!r}"
     return None
 
 

@@ -6,14 +6,18 @@ multiples of 32) are the ones the routes apply, where Cosmos3's would take the s
 from __future__ import annotations
 
 import base64
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.kit import error_message, png_size, script
-from tests.server import Server
+from tests.kit import error_message, png_size, script, wait_for
+from tests.server import Server, free_port, kill_own_group
 
 HERE = Path(__file__).parent
 HTTP = httpx.Client(timeout=60)
@@ -108,3 +112,43 @@ def test_the_action_route_asks_the_toy_model(toy_direct: Server) -> None:
     assert "the Toy model answers no action requests" in error_message(resp)
     meta = HTTP.get(f"{toy_direct.url}/v1/actions/metadata").json()
     assert meta["capabilities"]["action_modes"] == []
+
+
+ROOT = HERE.parents[1]
+#: The console script pip installs beside the interpreter (``[project.scripts]``).
+CONSOLE_SCRIPT = Path(sys.executable).parent / "sgl-omni"
+
+
+@pytest.mark.server
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the sgl-omni console script is not "
+                    "installed beside this interpreter")
+def test_the_documented_toy_command_runs_under_the_console_script(tmp_path: Path) -> None:
+    """docs/configuration.md's command, as written, from the repository root: the console
+    script has no current directory on its path, so ``tests.toy_model`` was "cannot import"
+    (exit 2) there while ``python -m sglang_omni`` found it. The package under test is put on
+    the path alone (a link to it), never the repository root."""
+    command = ".venv/bin/sgl-omni serve --config tests/toy_model/toy-umm-scripted.yaml " \
+        "--port 8000"
+    assert command in (ROOT / "docs" / "configuration.md").read_text()
+    (tmp_path / "sglang_omni").symlink_to(ROOT / "sglang_omni")
+    port = free_port()
+    args = [str(CONSOLE_SCRIPT), *command.split()[1:-1], str(port)]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return HTTP.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=60)
+        models = HTTP.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert models["data"][0]["id"] == "ToyUMMPipelineConfig"
+    finally:
+        kill_own_group(proc, signal.SIGTERM)
+        proc.wait(30)

@@ -189,6 +189,14 @@ def test_msgpack_nested_too_deep_is_400(levels: int) -> None:
         decode_msgpack(msgpack.packb({"a": deep}), 64)
 
 
+def test_msgpack_nested_past_its_reader_names_the_limit() -> None:
+    """100,000 levels: msgpack's reader stops with an error that has no message ("the body
+    is not valid msgpack: " and nothing after it)."""
+    with pytest.raises(BadRequest, match=r"nested deeper than 64 levels "
+                                         r"\(server.max_json_depth\)"):
+        decode_msgpack(b"\x91" * 100_000 + b"\xc0", 64)
+
+
 def test_msgpack_depth_and_syntax() -> None:
     with pytest.raises(BadRequest, match="not valid msgpack"):
         decode_msgpack(b"\xc1", 64)

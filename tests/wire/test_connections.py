@@ -117,3 +117,31 @@ def test_a_stream_the_client_stopped_reading_ends_after_send_timeout_s() -> None
 
 def metrics(server: Server) -> str:
     return httpx.get(f"{server.url}/metrics", timeout=5).text
+
+
+def request_count(server: Server, route: str) -> float:
+    """The requests to ``route`` the server has answered (any status), from /metrics."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics(server).splitlines()
+               if line.startswith("sgl_omni_requests_total{") and f'route="{route}"' in line)
+
+
+def test_content_length_with_transfer_encoding_is_400_and_closed(limited: Server) -> None:
+    """RFC 9112 section 6.1: h11 read such a request as chunked and kept the connection, so a
+    request smuggled behind its body was served (400, then 200)."""
+    before = request_count(limited, "/v1/models")
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    with connect(limited.url) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                     + smuggled)
+        data, _ = read_until_closed(sock, LIMIT_S)  # EOF after one answer
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), data[:200]
+    assert data.count(b"HTTP/1.1 ") == 1, data
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == 400
+    assert "Content-Length and Transfer-Encoding" in error["message"]
+    # the smuggled request never reached a route (the connection was closed before it was read)
+    httpx.get(f"{limited.url}/v1/models", timeout=5).raise_for_status()
+    assert request_count(limited, "/v1/models") == before + 1

@@ -34,8 +34,10 @@ from sglang_omni.serve.bodies.msgpack_body import MSGPACK, read_msgpack_body
 from sglang_omni.serve.bodies.multipart_body import MULTIPART, URLENCODED, Form, Upload, read_form
 from sglang_omni.serve.bodies.request_body import (
     check_content_type,
+    check_depth,
     check_wire_value,
     read_json_body,
+    too_deep_field,
 )
 from sglang_omni.serve.bodies.request_body import settings_of as settings_of
 
@@ -95,10 +97,11 @@ def _convert(key: str, text: str, schema: dict[str, Any] | None, max_depth: int)
                 return word in _TRUE
             raise ValueError(text)
         if kind in ("array", "object") or schema is None:
-            return json.loads(text)
+            value = json.loads(text)
+            check_depth({key: value}, max_depth, key)  # as in the body: naming the field
+            return value
     except RecursionError:  # nested past what the decoder's recursion allows: too deep anyway
-        raise BadRequest(f"{key}: nested deeper than {max_depth} levels "
-                         "(server.max_json_depth); flatten it or raise the limit") from None
+        raise too_deep_field(key, max_depth) from None
     except ValueError:
         if schema is None:
             return text

@@ -124,16 +124,23 @@ def decode_msgpack(raw: bytes, max_depth: int, binary_ok: Collection[str] = (),
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False, list_hook=count.array,
                                 object_hook=count.map, max_array_len=max_values,
                                 max_map_len=max_values)
+    except (msgpack.exceptions.StackError, RecursionError):  # StackError has no message
+        raise _nested_too_deeply(max_depth) from None
     except (ValueError, TypeError) as exc:  # msgpack's own errors are ValueErrors
         if "exceeds max_" in str(exc):  # one array or map longer than the limit
             raise too_many_values(max_values) from None
         raise BadRequest(f"the body is not valid msgpack: {exc}") from None
-    except RecursionError:
-        raise BadRequest("the msgpack body is nested too deeply") from None
     check_depth(value, max_depth)  # first: from_native recurses
     value = from_native(value, binary_ok)
     check_wire_value(value, max_depth)
     return value
+
+
+def _nested_too_deeply(max_depth: int) -> BadRequest:
+    """The 400 of a body nested deeper than msgpack's reader goes (its own limit, about a
+    thousand levels; nothing past ``max_depth`` is taken anyway)."""
+    return BadRequest(f"the msgpack body is nested deeper than {max_depth} levels "
+                      "(server.max_json_depth); flatten it")
 
 
 async def read_msgpack_body(request: Request) -> Any:

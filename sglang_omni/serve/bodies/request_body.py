@@ -202,15 +202,16 @@ def lone_surrogate(text: str) -> bool:
     return not text.isascii() and _LONE_SURROGATE.search(text) is not None
 
 
-def check_depth(value: Any, max_depth: int) -> None:
+def check_depth(value: Any, max_depth: int, field: str | None = None) -> None:
     """400 when ``value`` nests lists or mappings deeper than ``max_depth`` (iterative: any
-    depth is safe to check, so recursive code may run on a value that passed)."""
+    depth is safe to check, so recursive code may run on a value that passed); the message
+    names ``field`` when given (the value holds that field alone)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict | list):
             if depth > max_depth:
-                raise _too_deep(max_depth)
+                raise _too_deep(max_depth) if field is None else too_deep_field(field, max_depth)
             stack.extend((child, depth + 1)
                          for child in (item.values() if isinstance(item, dict) else item))
 
@@ -218,6 +219,12 @@ def check_depth(value: Any, max_depth: int) -> None:
 def _too_deep(max_depth: int) -> BadRequest:
     return BadRequest(f"the request body is nested deeper than {max_depth} levels "
                       "(server.max_json_depth); flatten it or raise the limit")
+
+
+def too_deep_field(field: str, max_depth: int) -> BadRequest:
+    """The 400 of a body nested deeper than ``max_depth`` in ``field``."""
+    return BadRequest(f"{field}: nested deeper than {max_depth} levels, the body's own "
+                      "included (server.max_json_depth); flatten it or raise the limit")
 
 
 def _show(text: str) -> str:

@@ -72,18 +72,22 @@ class DirectContext:
         note_rid(rid)
         return rid
 
+    async def admitted(self, rid: str, payload: dict[str, Any]) -> StageResult:
+        """Run one generation on the generation stage under an admission ticket of
+        :attr:`admission` (ServiceUnavailable, 503, when refused or while the server is
+        unhealthy). The one way an image or action request, a realtime action and each chunk
+        of a realtime video session reach the stage: each holds its ticket for that
+        generation only, never for a whole connection."""
+        self.stage()  # 503 at once while the server is unhealthy
+        async with self.admission.slot():
+            return await self.stage().call(rid, payload)
+
     async def call(self, request: Request, rid: str,
                    payload: dict[str, Any]) -> StageResult | None:
-        """Run a generation for a waiting client under :attr:`admission` (503 when refused);
-        None when the client went away (aborted, waiting or running)."""
-        self.stage()  # 503 at once while the server is unhealthy
-
-        async def admitted() -> StageResult:
-            async with self.admission.slot():
-                return await self.stage().call(rid, payload)
-
+        """Run a generation for a waiting client (:meth:`admitted`); None when the client went
+        away (aborted, waiting or running)."""
         try:
-            return await until_disconnect(request, admitted())
+            return await until_disconnect(request, self.admitted(rid, payload))
         except ClientDisconnected:
             return None
 

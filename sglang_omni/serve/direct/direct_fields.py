@@ -26,15 +26,17 @@ NOT_HERE = ("output_path", "output_file_name", "save_output", "return_frames",
 RESPONSE_FORMATS = ("b64_json", "url")
 
 
-def flatten(body: Any) -> dict[str, Any]:
+def flatten(body: Any, settings: ServerSettings) -> dict[str, Any]:
     """The fields of a validated body, with ``extra_params``/``extra_body`` fields and
-    ``guardrails`` promoted, as native does."""
+    ``guardrails`` promoted, as native does. One given as a JSON string is parsed with the
+    body's checks under the server's ``settings`` (depth, values)."""
     out = body.model_dump(exclude_unset=True)
     for container in ("extra_params", "extra_body"):
         extra = out.pop(container, None)
         if isinstance(extra, str):
             try:  # the same checks as the body itself
-                extra = parse_json(extra.encode(), ServerSettings.max_json_depth)
+                extra = parse_json(extra.encode(), settings.max_json_depth,
+                                   settings.max_json_values)
             except BadRequest as exc:
                 raise BadRequest(f"{container}: expected a JSON object; {exc.message}") from None
         if extra is None:

@@ -102,7 +102,7 @@ def add_image_routes(router: APIRouter, ctx: DirectContext) -> None:
                  responses={200: {"model": ImageGenerationResponse}, **ERRORS})
     async def image_generations(request: Request, body: ImageGenerationRequest) -> Response:
         """Generate one image (PNG), returned as ``b64_json`` or as a ``url``."""
-        fields, options = split(flatten(body), IMAGE_FIELDS, IMAGE_OPTIONS,
+        fields, options = split(flatten(body, ctx.settings), IMAGE_FIELDS, IMAGE_OPTIONS,
                                 "/v1/images/generations")
         return await generate_image(request, ctx, fields, options)
 
@@ -111,7 +111,8 @@ def add_image_routes(router: APIRouter, ctx: DirectContext) -> None:
     async def image_edits(request: Request, body: ImageEditRequest) -> Response:
         """Generate one image conditioned on an uploaded or referenced image (a form; JSON
         with ``image``/``url`` as lists of media references works too)."""
-        fields, options = split(flatten(body), EDIT_FIELDS, IMAGE_OPTIONS, "/v1/images/edits")
+        fields, options = split(flatten(body, ctx.settings), EDIT_FIELDS, IMAGE_OPTIONS,
+                                "/v1/images/edits")
         label, options["image_path"] = edit_image_ref(ctx, fields)
         await admit_media([(label, options["image_path"])], ctx.policy)
         return await generate_image(request, ctx, fields, options)

@@ -97,7 +97,8 @@ def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
     async def create_video(body: VideoGenerationRequest) -> Response:
         """Create a video job (JSON or a form); poll ``GET /v1/videos/{id}``, then fetch its
         content."""
-        fields, options = split(flatten(body), VIDEO_FIELDS, VIDEO_OPTIONS, "/v1/videos")
+        fields, options = split(flatten(body, ctx.settings), VIDEO_FIELDS, VIDEO_OPTIONS,
+                                "/v1/videos")
         plan = plan_video(ctx, fields, options)
         await admit_media(plan.media, ctx.policy)
         handle = ctx.stage()

@@ -14,6 +14,10 @@ response, and has no header or body deadline. :class:`GuardedH11Protocol` adds t
   request then ends as for a client that left, its work cancelled (a stalled reader would
   otherwise hold its request, past its deadline, for as long as it stays connected).
 
+Framing: a request with both ``Content-Length`` and ``Transfer-Encoding`` is answered 400 and
+its connection closed before anything after it is read (RFC 9112 section 6.1: h11 alone reads it
+as chunked and keeps the connection, so a request smuggled behind it would be served).
+
 Why subclass, and which uvicorn: uvicorn has no public hook for header, body or send deadlines
 (only ``timeout_keep_alive``, armed after a response) or for bounding a stalled reader, so
 :class:`GuardedH11Protocol` and :class:`BoundedFlow` subclass its private ``H11Protocol`` and
@@ -22,7 +26,7 @@ Why subclass, and which uvicorn: uvicorn has no public hook for header, body or 
 reset moved, the WebSocket upgrade hands data over after the new protocol is made).
 tests/wire/test_uvicorn_internals.py fails when an overridden method or a field used is gone;
 tests/wire/test_connections.py pins each behaviour above (idle, slow head, slow body, a body no
-route reads, keep-alive then idle, the 400 JSON answer, a stalled reader);
+route reads, keep-alive then idle, the 400 JSON answer, a stalled reader, the framing refusal);
 tests/generation/test_realtime_ws.py that a WebSocket outlives them once upgraded (without the
 upgrade hook the body deadline cut a session after 3 s).
 """
@@ -36,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import h11
+from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -70,6 +75,23 @@ class BoundedFlow(FlowControl):
             self.on_stall()
 
 
+class FramedConnection(h11.Connection):
+    """h11's server connection that refuses a request framed two ways (``Content-Length`` and
+    ``Transfer-Encoding``) as a protocol error; :attr:`refusal` says why, for the 400."""
+
+    refusal: str | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name for name, _ in event.headers}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                self.refusal = ("a request may not carry both Content-Length and "
+                                "Transfer-Encoding (RFC 9112 section 6.1); send one of them")
+                raise h11.RemoteProtocolError(self.refusal)
+        return event
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with header and body deadlines (see the module docstring).
     ``settings`` is set on a subclass by :func:`protocol_for`."""
@@ -78,6 +100,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        size = self.config.h11_max_incomplete_event_size
+        self.conn: FramedConnection = FramedConnection(
+            h11.SERVER, DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if size is None else size)
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_kind: str | None = None  # "head" or "body"
         self._upgraded = False  # a WebSocket protocol owns the transport now
@@ -146,13 +171,18 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        """A request h11 cannot parse (bad syntax, a head over MAX_HEADER_BYTES): 400 in the
-        JSON error shape, then close."""
-        error = BadRequest(
-            f"invalid HTTP request ({msg.rstrip('.')}); check the request line and headers "
-            f"(at most {MAX_HEADER_BYTES} bytes)")
+        """A request h11 cannot parse (bad syntax, a head over MAX_HEADER_BYTES) or framed two
+        ways: 400 in the JSON error shape, then close (nothing after it on the connection is
+        read)."""
+        if self.conn.refusal is not None:
+            error = BadRequest(f"invalid HTTP request: {self.conn.refusal}")
+        else:
+            error = BadRequest(
+                f"invalid HTTP request ({msg.rstrip('.')}); check the request line and headers "
+                f"(at most {MAX_HEADER_BYTES} bytes)")
         body = json.dumps(error.to_body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode())]
         head = h11.Response(status_code=error.status, headers=headers, reason=b"Bad Request")
         for event in (head, h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))

@@ -6,13 +6,16 @@ it); the answer is the envelope of the HTTP route with native's float32 array ma
 values and ``server_timing`` (``infer_ms``, and ``prev_total_ms`` from the second answer on).
 Requests are answered one at a time, in order.
 
+Each request takes an admission ticket of the direct routes as ``POST /v1/actions/generations``
+does (``DirectContext.admitted``), for its generation only: an idle session holds none, and one
+over ``server.max_direct_queue`` (or the queue's wait) is refused as the HTTP route refuses it.
 A failure, a refused request included, is answered as native answers it: a message
-``{"error": ...}`` (here the message text, with ``type`` and ``code``: never a traceback),
-then close code 1011. A client that leaves aborts the generation in flight. Messages are
-bounded and checked as HTTP bodies are (:mod:`.ws_messages`); every body passes the same
-checks as the HTTP route, media policy and generation limits included. The requests a session
-holds (the one being answered and those sent ahead) count in the server's body budget; one that
-does not fit is answered with the 503 error, then close 1011.
+``{"error": ...}`` (here the message text, with ``type`` and ``code``, 503 for a refusal:
+never a traceback), then close code 1011. A client that leaves aborts the generation in
+flight. Messages are bounded and checked as HTTP bodies are (:mod:`.ws_messages`); every body
+passes the same checks as the HTTP route, media policy and generation limits included. The
+requests a session holds (the one being answered and those sent ahead) count in the server's
+body budget; one that does not fit is answered with the 503 error, then close 1011.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
     that arrive meanwhile wait in ``held.inbox`` (at most :data:`MAX_WAITING`, then reading
     pauses)."""
     rid = ctx.new_rid()
-    finish = await race(ctx.stage().call(rid, {"modality": "action", "request": body}),
+    finish = await race(ctx.admitted(rid, {"modality": "action", "request": body}),
                         _hold_messages(websocket, held))
     if finish.index == 1:
         raise _Left()

@@ -13,12 +13,19 @@ Messages are binary msgpack maps both ways (:mod:`.ws_messages` bounds and check
    "num_frames", "total_size", "frame_batch_index": 0, "num_frame_batches": 1,
    "is_final_frame_batch": true, "payload": <MP4 bytes>}``. Cosmos3 is not a causal video
    model: each chunk after the first is conditioned on the last frame of the one before.
+   Each chunk takes an admission ticket of the direct routes, as an image or action request
+   does (``DirectContext.admitted``), for that chunk only: requests on the HTTP routes take
+   their turns between a session's chunks, and a refused chunk (``server.max_direct_queue``)
+   ends the session as a failed one does.
 3. Meanwhile the client may send ``{"type": "event", "kind": "prompt", "payload": "..."}``:
    the chunks after it follow the new prompt. Another message is answered
    ``{"type": "error", "content": "invalid event", ...}``.
-4. After ``max_chunks`` chunks the server closes with 1000. A failed generation is answered
-   ``{"type": "error", "content": "error during generate loop: ..."}`` and the session ends
-   (close 1000, as native's handler returns). A client that leaves aborts the chunk in flight.
+4. After ``max_chunks`` chunks the server closes with 1000. ``max_chunks`` is at most
+   ``server.max_realtime_chunks``, and that is its default too, so no session runs for ever
+   (more is refused as an invalid init, naming the field and the maximum). A failed
+   generation is answered ``{"type": "error", "content": "error during generate loop: ..."}``
+   and the session ends (close 1000, as native's handler returns). A client that leaves
+   aborts the chunk in flight.
 
 One session runs at a time (the generation stage serves one generation at a time): a second is
 answered ``{"type": "error", "content": "another realtime session is already active"}`` and
@@ -33,7 +40,6 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +88,7 @@ class Session:
 
     plan: VideoPlan
     prompt: str
-    max_chunks: int | None
+    max_chunks: int
     event_id: int | None = None
 
 
@@ -103,9 +109,13 @@ def start_session(ctx: DirectContext, value: Any) -> Session:
     if value.get("type") != "init":
         raise BadRequest('type: the first message is the generate request, {"type": "init", '
                          '"prompt": ...}')
-    body = flatten(validate(RealtimeVideoInit, value))
+    body = flatten(validate(RealtimeVideoInit, value), ctx.settings)
     body.pop("type")
     first_frame, max_chunks = body.pop("first_frame", None), body.pop("max_chunks", None)
+    most = ctx.settings.max_realtime_chunks
+    if max_chunks is not None and max_chunks > most:
+        raise BadRequest(f"max_chunks: at most {most} (server.max_realtime_chunks), got "
+                         f"{max_chunks}")
     if body.pop("condition_inputs", None) is not None:
         raise BadRequest("condition_inputs: Cosmos3 takes no realtime conditions; steer the "
                          "session with prompt events")
@@ -126,7 +136,7 @@ def start_session(ctx: DirectContext, value: Any) -> Session:
         plan = dataclasses.replace(plan, media=tuple(
             ("first_frame" if label == "input_reference" else label, ref)
             for label, ref in plan.media))
-    return Session(plan, plan.prompt, max_chunks)
+    return Session(plan, plan.prompt, most if max_chunks is None else max_chunks)
 
 
 async def _init(ctx: DirectContext, websocket: WebSocket) -> Session | None:
@@ -162,14 +172,13 @@ async def _error(websocket: WebSocket, content: str, exc: OmniError) -> bool:
 
 
 async def _generate(ctx: DirectContext, websocket: WebSocket, session: Session) -> None:
-    """Chunk after chunk until ``max_chunks`` (or the client leaves: the task is cancelled)."""
+    """Chunk after chunk until ``max_chunks`` (or the client leaves: the task is cancelled),
+    each under its own admission ticket."""
     options = dict(session.plan.options)
-    for index in itertools.count():
-        if session.max_chunks is not None and index >= session.max_chunks:
-            return
+    for index in range(session.max_chunks):
         rid = ctx.new_rid()
-        result = await ctx.stage().call(rid, {"modality": "video", "prompt": session.prompt,
-                                              "options": dict(options)})
+        result = await ctx.admitted(rid, {"modality": "video", "prompt": session.prompt,
+                                          "options": dict(options)})
         data = single_media("video", result)
         message = {"type": "frame_batch", "request_id": rid, "chunk_index": index,
                    "content_type": "video/mp4", "num_frames": options["num_frames"],

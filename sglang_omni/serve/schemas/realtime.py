@@ -34,8 +34,8 @@ FIRST_FRAME = documented({"oneOf": [{"type": "string", "format": "binary"},
                          "the image to start from: its bytes, or a path or URL")
 MAX_CHUNKS = checked(_positive_int, {
     "type": "integer", "minimum": 1,
-    "description": "chunks to generate before the session ends (default: until the client "
-                   "leaves)"})
+    "description": "chunks to generate before the session ends (default and most: the "
+                   "server's server.max_realtime_chunks, 100 unless set)"})
 NO_CONDITIONS = documented({"type": "object"}, "refused: Cosmos3 takes no realtime conditions")
 
 
