@@ -1,0 +1,76 @@
+"""Reading all the media of one request: a few at a time, within one deadline for them all.
+
+:func:`load_all` reads every ``(label, ref)`` with :func:`~sglang_omni.media.fetch.load_bytes`,
+at most :data:`FETCH_CONCURRENCY` at once, and fails when they take longer together than the
+policy's ``request_deadline_s`` (``--server.media_request_deadline_s``): four parts trickled
+over 24 s each take about 24 s, not 96, and 32 parts just under the per-fetch deadline hold the
+request's admission slot for at most the request deadline, not 32 per-fetch deadlines.
+
+The first part that fails fails the whole read (the others are cancelled, their bytes dropped),
+with that part's error, as one failed fetch fails a request. A request over its deadline fails
+like a fetch that times out: :class:`~sglang_omni.errors.MediaFetchFailed` (500) naming the
+setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+
+from sglang_omni.errors import MediaFetchFailed
+from sglang_omni.media.fetch import REASON_ATTR, load_bytes
+from sglang_omni.media.policy import MediaPolicy
+from sglang_omni.media.stats import MEDIA_STATS
+from sglang_omni.media.workdir import RequestMediaDir
+
+#: Parts of one request read at once. Four lets the parts of a typical request (a few images)
+#: come in about the time of the slowest, while one request opens at most four connections to
+#: media hosts (max_active requests: 128), and a request's parts are held until it ends anyway.
+FETCH_CONCURRENCY = 4
+#: The flag of the request-wide deadline, for messages.
+REQUEST_DEADLINE_FLAG = "--server.media_request_deadline_s"
+
+
+async def load_all(refs: Sequence[tuple[str, str]], policy: MediaPolicy,
+                   workdir: RequestMediaDir, *, deadline_s: float | None = None,
+                   concurrency: int = FETCH_CONCURRENCY) -> list[bytes]:
+    """The bytes of every ``(label, ref)``, in order (see the module contract). ``deadline_s``:
+    the seconds left of the request's deadline (the policy's ``request_deadline_s`` when
+    None); each fetch keeps its own limits too."""
+    if not refs:
+        return []
+    limit = policy.request_deadline_s if deadline_s is None else deadline_s
+    out: list[bytes | None] = [None] * len(refs)
+    failures: list[BaseException] = []
+    slots = anyio.Semaphore(max(1, concurrency))
+
+    async def one(index: int, label: str, ref: str, scope: anyio.CancelScope) -> None:
+        async with slots:
+            try:
+                out[index] = await load_bytes(ref, policy, workdir, label=label)
+            except Exception as exc:  # noqa: BLE001 - the first failure fails them all
+                failures.append(exc)
+                scope.cancel()
+
+    try:
+        with anyio.fail_after(limit):
+            async with anyio.create_task_group() as group:
+                for index, (label, ref) in enumerate(refs):
+                    group.start_soon(one, index, label, ref, group.cancel_scope)
+    except TimeoutError:
+        MEDIA_STATS.refused("timeout")
+        waiting = next(label for (label, _), data in zip(refs, out, strict=True) if data is None)
+        raise _timeout(waiting, policy, limit) from None
+    if failures:
+        raise failures[0]
+    return [data for data in out if data is not None]
+
+
+def _timeout(label: str, policy: MediaPolicy, limit: float) -> MediaFetchFailed:
+    exc = MediaFetchFailed(
+        f"{label}: fetching the request's media took longer than {limit:g} s (all its parts "
+        f"together; the server allows {policy.request_deadline_s:g} s: "
+        f"{REQUEST_DEADLINE_FLAG}); name media a faster host serves, or raise the limit")
+    setattr(exc, REASON_ATTR, "timeout")
+    return exc
