@@ -14,7 +14,9 @@ setting.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import anyio
 
@@ -28,6 +30,7 @@ from sglang_omni.media.workdir import RequestMediaDir
 #: come in about the time of the slowest, while one request opens at most four connections to
 #: media hosts (max_active requests: 128), and a request's parts are held until it ends anyway.
 FETCH_CONCURRENCY = 4
+T = TypeVar("T")
 #: The flag of the request-wide deadline, for messages.
 REQUEST_DEADLINE_FLAG = "--server.media_request_deadline_s"
 
@@ -38,17 +41,32 @@ async def load_all(refs: Sequence[tuple[str, str]], policy: MediaPolicy,
     """The bytes of every ``(label, ref)``, in order (see the module contract). ``deadline_s``:
     the seconds left of the request's deadline (the policy's ``request_deadline_s`` when
     None); each fetch keeps its own limits too."""
-    if not refs:
+    return await gather_within(
+        [(label, functools.partial(load_bytes, ref, policy, workdir, label=label))
+         for label, ref in refs], policy, deadline_s=deadline_s, concurrency=concurrency)
+
+
+async def gather_within(calls: Sequence[tuple[str, Callable[[], Awaitable[T]]]],
+                        policy: MediaPolicy, *, deadline_s: float | None = None,
+                        concurrency: int = FETCH_CONCURRENCY) -> list[T]:
+    """The results of every ``(label, call)`` (a read of the medium at ``label``), in order,
+    run as :func:`load_all` runs its reads: at most ``concurrency`` at once, within
+    ``deadline_s`` (the policy's ``request_deadline_s`` when None), the first failure failing
+    them all."""
+    if not calls:
         return []
     limit = policy.request_deadline_s if deadline_s is None else deadline_s
-    out: list[bytes | None] = [None] * len(refs)
+    done: list[bool] = [False] * len(calls)
+    results: dict[int, T] = {}
     failures: list[BaseException] = []
     slots = anyio.Semaphore(max(1, concurrency))
 
-    async def one(index: int, label: str, ref: str, scope: anyio.CancelScope) -> None:
+    async def one(index: int, call: Callable[[], Awaitable[T]], scope: anyio.CancelScope
+                  ) -> None:
         async with slots:
             try:
-                out[index] = await load_bytes(ref, policy, workdir, label=label)
+                results[index] = await call()
+                done[index] = True
             except Exception as exc:  # noqa: BLE001 - the first failure fails them all
                 failures.append(exc)
                 scope.cancel()
@@ -56,15 +74,16 @@ async def load_all(refs: Sequence[tuple[str, str]], policy: MediaPolicy,
     try:
         with anyio.fail_after(limit):
             async with anyio.create_task_group() as group:
-                for index, (label, ref) in enumerate(refs):
-                    group.start_soon(one, index, label, ref, group.cancel_scope)
+                for index, (_, call) in enumerate(calls):
+                    group.start_soon(one, index, call, group.cancel_scope)
     except TimeoutError:
         MEDIA_STATS.refused("timeout")
-        waiting = next(label for (label, _), data in zip(refs, out, strict=True) if data is None)
+        waiting = next(label for (label, _), ended in zip(calls, done, strict=True)
+                       if not ended)
         raise _timeout(waiting, policy, limit) from None
     if failures:
         raise failures[0]
-    return [data for data in out if data is not None]
+    return [results[index] for index in range(len(calls))]
 
 
 def _timeout(label: str, policy: MediaPolicy, limit: float) -> MediaFetchFailed:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.kit import error_message, wait_for
 from tests.media_http.gate_host import GateHost, gate_host
-from tests.server import SCRIPTED_UMM, Server
+from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
 RESERVED = 1_000_000
 BUDGET = 1_500_000
@@ -46,6 +46,13 @@ def deadline() -> Iterator[Server]:
     with Server(*SCRIPTED_UMM, *FLAGS, "--server.media_request_deadline_s", "1",
                 "--server.media_fetch_deadline_s", "600",
                 "--server.media_fetch_timeout_s", "600") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def text_only() -> Iterator[Server]:
+    with Server(*SCRIPTED_CHAT, *FLAGS, "--server.max_media_bytes", str(RESERVED),
+                "--server.max_client_media_bytes", str(BUDGET)) as srv:
         yield srv
 
 
@@ -167,3 +174,27 @@ def test_a_request_over_its_media_deadline_fails_like_a_fetch_timeout(deadline: 
     assert "--server.media_request_deadline_s" in message and "1 s" in message, message
     assert ".content[1].image_url" in message  # it names the part still being fetched
     released(deadline)
+
+
+def test_text_only_chat_counts_its_media_against_the_budget(text_only: Server,
+                                                            host: GateHost) -> None:
+    """The Reasoner stage reads a text-only request's media itself and keeps them until the
+    request ends: the request holds its worst case from admission to its end."""
+    plain = [{"role": "user", "content": "hello"}]
+    with httpx.Client() as client:
+        first, thread = in_background(client, text_only, {
+            "messages": body(host.url("/gate/t1"))["messages"]})
+        assert host.wait(lambda h: "/gate/t1" in h.paths)
+        assert held(text_only) == RESERVED
+        refused = httpx.post(f"{text_only.url}/v1/chat/completions",
+                             json=body(host.url("/gate/t2")), timeout=60)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers.get("retry-after")
+        assert not host.seen("/gate/t2")
+        ok = httpx.post(f"{text_only.url}/v1/chat/completions", json={"messages": plain},
+                        timeout=60)
+        assert ok.status_code == 200, ok.text
+        host.open.set()
+        thread.join(120)
+    assert first and first[0].status_code == 200, first
+    released(text_only)
