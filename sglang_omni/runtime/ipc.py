@@ -14,8 +14,10 @@ sending a request holds little beyond the request itself, not a packed copy of i
 
 A message can take long to arrive whole (an interleaved request's media: hundreds of MiB, sent
 as the server's loop gets to it), and the messages behind it wait. ``Channel.recv(keepalive=f)``
-calls ``f`` every :data:`KEEPALIVE_S` while a message is partly received, whether bytes arrive or
-not, so the stage answers the server's heartbeat (the ping queued behind the media) meanwhile.
+calls ``f(moved)`` every :data:`KEEPALIVE_S` while a message is partly received, whether bytes
+arrive or not (``moved``: whether some did since the last call), so the stage answers the
+server's heartbeat (the ping queued behind the media) meanwhile, and knows the server is alive
+while its bytes keep coming.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ class Channel:
         if len(piece):
             self._sock.sendall(piece)
 
-    def recv(self, keepalive: Callable[[], None] | None = None
+    def recv(self, keepalive: Callable[[bool], None] | None = None
              ) -> tuple[dict[str, Any], Frames]:
         """The next message; ``keepalive`` is called every :data:`KEEPALIVE_S` from its first
         byte until it is whole (from this thread; see the module contract)."""
@@ -229,6 +231,8 @@ class Channel:
             if n == 0:
                 raise EOFError("the peer closed the channel")
             got += n
+            if alive is not None:
+                alive.moved = True
         return buf
 
     def close(self) -> None:
@@ -240,11 +244,14 @@ class Channel:
 
 
 class _Keepalive:
-    """Calls ``callback`` every :data:`KEEPALIVE_S` while one message is being received."""
+    """Calls ``callback(moved)`` every :data:`KEEPALIVE_S` while one message is being
+    received."""
 
-    def __init__(self, callback: Callable[[], None]) -> None:
+    def __init__(self, callback: Callable[[bool], None]) -> None:
         self.callback = callback
         self.last = time.monotonic()
+        #: Bytes arrived since the last call.
+        self.moved = False
         self._poll = select.poll()
         self._registered = False
 
@@ -263,4 +270,5 @@ class _Keepalive:
         now = time.monotonic()
         if now - self.last >= KEEPALIVE_S:
             self.last = now
-            self.callback()
+            moved, self.moved = self.moved, False
+            self.callback(moved)

@@ -6,7 +6,8 @@ as the hf Reasoner's context, releases it; an abort releases it too), ``shutdown
 ``ping {seq}`` (answered ``pong {seq, media, engine, request_media, gpu}`` by the reader
 thread, so a frozen stage is noticed; the reader thread also sends ``pong {seq: null, ...}``
 every ``ipc.KEEPALIVE_S`` while a long message, a request's media, is arriving, since the
-server's ping waits behind it; ``media`` is the stage's media counters,
+server's ping waits behind it, and counts the message's bytes as the server's heartbeat;
+``media`` is the stage's media counters,
 :mod:`sglang_omni.media.stats`, ``engine`` the engine's own counters when it has ``stats()``,
 else absent, ``request_media`` what the stage keeps of its requests' media:
 :mod:`sglang_omni.runtime.request_media`, ``gpu`` the device's memory counters where torch uses
@@ -262,12 +263,19 @@ class _StageServer:
             pong["engine"] = stats()
         self._send_now(pong, None)
 
+    def _receiving(self, moved: bool) -> None:
+        """A long message is arriving: answer the heartbeat waiting behind it; while its bytes
+        keep coming (``moved``) the server is alive, as a ping would say."""
+        if moved and self.last_ping is not None:
+            self.last_ping = time.monotonic()
+        self._pong(None)
+
     def _read_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
             try:
                 # a long message (a request's media) is answered for while it arrives: the
                 # server's ping waits behind it
-                header, frames = self.channel.recv(keepalive=lambda: self._pong(None))
+                header, frames = self.channel.recv(keepalive=self._receiving)
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(self.stopping.set)
                 return

@@ -53,52 +53,94 @@ def next_of(inbox: queue.Queue, op: str) -> dict[str, Any]:
             return header
 
 
-@pytest.mark.server
-def test_the_stage_answers_heartbeats_while_media_arrive() -> None:
-    ours, theirs = channel_pair()
-    scratch = tempfile.mkdtemp(prefix="sgl-omni-test-")
-    process = mp.get_context("spawn").Process(
-        target=stage_main, args=(spec(), device_env(None), theirs, "warning", "text", scratch),
-        daemon=True)
-    process.start()
-    theirs.close()
-    channel = Channel(ours)
-    inbox: queue.Queue = queue.Queue()
+class RawStage:
+    """A real stage process whose channel the test holds (it plays the server's end): ``inbox``
+    gets every message header the stage sends."""
 
-    def read() -> None:
+    def __init__(self) -> None:
+        ours, theirs = channel_pair()
+        self.sock = ours
+        self.process = mp.get_context("spawn").Process(
+            target=stage_main,
+            args=(spec(), device_env(None), theirs, "warning", "text",
+                  tempfile.mkdtemp(prefix="sgl-omni-test-")), daemon=True)
+        self.process.start()
+        theirs.close()
+        self.channel = Channel(ours)
+        self.inbox: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        next_of(self.inbox, "ready")
+
+    def _read(self) -> None:
         try:
             while True:
-                inbox.put(channel.recv()[0])
+                self.inbox.put(self.channel.recv()[0])
         except (EOFError, OSError):
-            inbox.put({"op": "gone"})
+            self.inbox.put({"op": "gone"})
 
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        next_of(inbox, "ready")
-        channel.send({"op": "ping", "seq": 1})
-        assert next_of(inbox, "pong")["seq"] == 1
-        frame = bytes(range(256)) * (FRAME // 256)
-        sock = ours
+    def start_submit(self, frame_size: int) -> None:
+        """Send a submit's header and its frame's length: its bytes are the caller's to send."""
         packed = pack_header(submit_header(), 1)
-        sock.sendall(struct.pack("!Q", len(packed.head)) + packed.head)
-        sock.sendall(struct.pack("!Q", FRAME) + frame[:FRAME // 2])
-        # the frame is half sent and stays so: the stage still answers, unasked
-        answer = next_of(inbox, "pong")
-        assert answer["seq"] is None, answer
-        assert next_of(inbox, "pong")["seq"] is None  # and goes on answering
-        sock.sendall(frame[FRAME // 2:])
-        channel.send({"op": "ping", "seq": 2})
+        self.sock.sendall(struct.pack("!Q", len(packed.head)) + packed.head)
+        self.sock.sendall(struct.pack("!Q", frame_size))
+
+    def result_and_pong(self, seq: int) -> dict[str, dict[str, Any]]:
+        """Ping ``seq``; wait for the job's result and that ping's answer."""
+        self.channel.send({"op": "ping", "seq": seq})
         seen: dict[str, dict[str, Any]] = {}
-        while not ("result" in seen and seen.get("pong", {}).get("seq") == 2):
-            header = inbox.get(timeout=WAIT_S)
+        while not ("result" in seen and seen.get("pong", {}).get("seq") == seq):
+            header = self.inbox.get(timeout=WAIT_S)
+            assert header["op"] != "gone", "the stage process exited"
             seen[header["op"]] = header
-        assert seen["result"]["rid"] == "r1"
-    finally:
+        return seen
+
+    def close(self) -> None:
         try:
-            channel.send({"op": "shutdown"})
+            self.channel.send({"op": "shutdown"})
         except (EOFError, OSError):
             pass
-        process.join(60)
-        if process.is_alive():
-            process.kill()
-        channel.close()
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+        self.channel.close()
+
+
+@pytest.mark.server
+def test_the_stage_answers_heartbeats_while_media_arrive() -> None:
+    stage = RawStage()
+    try:
+        stage.channel.send({"op": "ping", "seq": 1})
+        assert next_of(stage.inbox, "pong")["seq"] == 1
+        frame = bytes(range(256)) * (FRAME // 256)
+        stage.start_submit(FRAME)
+        stage.sock.sendall(frame[:FRAME // 2])
+        # the frame is half sent and stays so: the stage still answers, unasked
+        answer = next_of(stage.inbox, "pong")
+        assert answer["seq"] is None, answer
+        assert next_of(stage.inbox, "pong")["seq"] is None  # and goes on answering
+        stage.sock.sendall(frame[FRAME // 2:])
+        assert stage.result_and_pong(2)["result"]["rid"] == "r1"
+    finally:
+        stage.close()
+
+
+@pytest.mark.server
+def test_media_still_arriving_count_as_the_servers_heartbeat() -> None:
+    """The stage exits when its server sends no heartbeat for 10 s (a frozen server); a ping
+    waiting behind media that keep arriving is no frozen server. The frame trickles in for
+    longer than that (unasked answers sync the pace: one piece per answer)."""
+    stage = RawStage()
+    try:
+        stage.channel.send({"op": "ping", "seq": 1})  # the stage's watch of its server begins
+        assert next_of(stage.inbox, "pong")["seq"] == 1
+        pieces = 40  # one piece per keep-alive answer (every 0.5 s): 20 s, past the 10 s
+        piece = bytes(MiB)
+        stage.start_submit(pieces * len(piece))
+        for _ in range(pieces - 1):
+            stage.sock.sendall(piece)
+            assert next_of(stage.inbox, "pong")["seq"] is None
+        assert stage.process.is_alive()
+        stage.sock.sendall(piece)  # the message is whole
+        assert stage.result_and_pong(2)["result"]["rid"] == "r1"
+    finally:
+        stage.close()
