@@ -35,6 +35,10 @@ from the fault (the signal, or the faulty request's submission):
   answer of any status counts; a dropped connection does not).
 
 It prints one table: the median and range over the runs of each figure.
+
+``--faults "media burst"`` runs the media burst instead (``media_burst.py``: ``--burst`` chat
+requests at once, each naming ``--burst-parts`` remote images just under the fetch limit; peak
+RSS of the server and its stages, refusals, stage restarts; JSON in ``--burst-out``).
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ from typing import Any
 
 import httpx
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import media_burst  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 UMM_CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
@@ -359,7 +366,10 @@ def main() -> int:
                         help="the stages' progress_timeout_s (the hung engine rows)")
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--faults", default=",".join(FAULTS))
+    media_burst.add_arguments(parser)
     args = parser.parse_args()
+    if "media burst" in args.faults.split(","):
+        return media_burst.from_arguments(args)
     served = Served(args.progress_timeout)
     lines = [
         f"{args.in_flight} requests in flight, {args.runs} runs; seconds from the fault, median "
