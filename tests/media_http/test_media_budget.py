@@ -108,6 +108,8 @@ def test_a_request_over_the_budget_gets_503_before_any_fetch(budget: Server,
         assert refused.headers.get("retry-after")
         assert "--server.max_client_media_bytes" in error_message(refused)
         assert not host.seen("/gate/second")  # refused before any fetch
+        assert 'sgl_omni_admission_refusals_total{reason="media_budget"} 1.0' in httpx.get(
+            f"{budget.url}/metrics", timeout=10).text
         # a request without client media still runs beside it
         plain = httpx.post(f"{budget.url}/v1/chat/completions", json=body(), timeout=60)
         assert plain.status_code == 200, plain.text
