@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.kit import error_message, wait_for
+from tests.media.media_http_server import PNG
 from tests.media_http.gate_host import GateHost, gate_host
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
@@ -121,6 +122,26 @@ def test_a_request_over_the_budget_gets_503_before_any_fetch(budget: Server,
                        timeout=60)
     assert again.status_code == 200, again.text
     released(budget)
+
+
+def test_a_reservation_settles_to_what_the_media_took(budget: Server, host: GateHost) -> None:
+    """Once read, a request's media count at their size (a 4x4 PNG), not at its worst case: a
+    second request with remote media fits beside it."""
+    released(budget)
+    slow = [{"action": "final", "text": "{media}", "delay_s": 600}]
+    payload = json.dumps(body(host.url("/gate/settle"), script=slow)).encode()
+    with socket.create_connection(("127.0.0.1", budget.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        assert host.wait(lambda h: "/gate/settle" in h.paths)
+        assert held(budget) == RESERVED
+        host.open.set()
+        wait_for(lambda: held(budget) == len(PNG), timeout=60)  # its turn runs on
+        beside = httpx.post(f"{budget.url}/v1/chat/completions",
+                            json=body(host.url("/gate/beside")), timeout=60)
+        assert beside.status_code == 200, beside.text
+    released(budget)  # the slow one's client left
 
 
 def test_budget_released_when_a_fetch_fails(budget: Server, host: GateHost) -> None:
