@@ -44,6 +44,10 @@ from the fault (the signal, or the faulty request's submission):
 
 It prints one table: the median and range over the runs of each figure, and with ``--json``
 writes every run's figures (and each row's stage restarts) there.
+
+``--faults "media burst"`` runs the media burst instead (``media_burst.py``: ``--burst`` chat
+requests at once, each naming ``--burst-parts`` remote images just under the fetch limit; peak
+RSS of the server and its stages, refusals, stage restarts; JSON in ``--burst-out``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ from typing import Any
 
 import httpx
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import media_burst  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 UMM_CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
@@ -397,7 +404,10 @@ def main() -> int:
                         help="serve x264's placebo preset (server.allowed_x264_presets): the "
                              "placebo encode row then measures the long encode itself")
     parser.add_argument("--json", help="also write every run's figures to this JSON file")
+    media_burst.add_arguments(parser)
     args = parser.parse_args()
+    if "media burst" in args.faults.split(","):
+        return media_burst.from_arguments(args)
     extra = ["--server.allowed_x264_presets", "[ultrafast, medium, placebo]"] \
         if args.allow_placebo else []
     served = Served(args.progress_timeout, *extra)

@@ -55,6 +55,15 @@ class ServerSettings:
     media_fetch_timeout_s: float = 10.0
     #: Seconds one media fetch may take in all, redirects included (a trickling host fails).
     media_fetch_deadline_s: float = 60.0
+    #: Seconds all the remote media of one request may take to fetch, fetched a few at a time
+    #: (a request over it fails like a fetch that times out, 500).
+    media_request_deadline_s: float = 120.0
+    #: Client media bytes all running requests may hold at once (fetched, decoded or read by the
+    #: server, kept by the Reasoner stage until the request ends). Each request reserves the
+    #: most its media may take before any fetch (503 with Retry-After when that does not fit
+    #: beside the others), and keeps what they took. The default is the spec's arithmetic:
+    #: max_active (32) requests at max_retained_bytes (128 MiB) each, 4 GiB.
+    max_client_media_bytes: int = 4096 * MiB
     #: Generation: largest width * height of one image or video frame.
     max_pixels: int = 1920 * 1088
     #: Generation: most frames of one video.
@@ -111,6 +120,7 @@ _MINIMUM: dict[str, float] = {
     "max_body_bytes": 1, "max_pending_body_bytes": 1, "max_json_depth": 2, "max_json_values": 1,
     "max_media_parts": 0, "max_media_bytes": 1,
     "media_fetch_timeout_s": 0.001, "media_fetch_deadline_s": 0.001,
+    "media_request_deadline_s": 0.001, "max_client_media_bytes": 1,
     "max_pixels": 1, "max_frames": 1, "max_inference_steps": 1, "max_video_seconds": 0.001,
     "max_aspect_ratio": 1, "idle_timeout_s": 0.001, "header_timeout_s": 0.001,
     "body_timeout_s": 0.001, "send_timeout_s": 0.001, "sse_keepalive_s": 0, "retry_after_s": 0,
@@ -150,6 +160,12 @@ def resolve_server_settings(raw: Any, api_key_env: str | None = None) -> ServerS
         if value < _MINIMUM[key]:
             raise ConfigError(f"server.{key}: {value!r} is below the minimum {_MINIMUM[key]}")
         values[key] = value
+    budget = values.get("max_client_media_bytes", defaults.max_client_media_bytes)
+    per_request = values.get("max_media_bytes", defaults.max_media_bytes)
+    if budget < per_request:
+        raise ConfigError(f"server.max_client_media_bytes: {budget} is below server."
+                          f"max_media_bytes ({per_request}), so a request's media could never "
+                          "fit; raise it, or lower max_media_bytes")
     if values.get("api_key") is None and api_key_env:
         values["api_key"] = api_key_env
     return ServerSettings(**values)

@@ -59,6 +59,7 @@ import sys
 import threading
 from typing import Any, cast
 
+import anyio
 import psutil
 
 from sglang_omni.contract.actions import (
@@ -89,9 +90,10 @@ from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server
 from sglang_omni.engines.synth_media import frame_pixels
 from sglang_omni.engines.video_delivery import encode_progress, encode_video
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
-from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media import MediaPolicy, RequestMediaDir
 from sglang_omni.media.content_parts import iter_content_parts, text_of
 from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
+from sglang_omni.media.gather import load_all
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
 
@@ -167,15 +169,27 @@ async def load_conversation_media(job: Job, policy: MediaPolicy) -> list[dict[st
     media policy (an interleaved request's items come as the job's frames, each sent to the
     stage once per request: ``pipeline.reasoner_media``); ``{"kind", "sha256"}`` of each, in
     order."""
-    out = []
-    with RequestMediaDir() as workdir:
-        for label, kind, url in media_parts(job.payload.get("messages", []),
-                                            int(job.payload.get("message_offset", 0))):
+    parts = media_parts(job.payload.get("messages", []),
+                        int(job.payload.get("message_offset", 0)))
+    with RequestMediaDir() as workdir:  # read a few at a time, within the request's deadline
+        read = iter(await load_all([(label, url) for label, _, url in parts
+                                    if job.frame_for(url) is None], policy, workdir))
+        out = []
+        for _, kind, url in parts:
             data = job.frame_for(url)
-            if data is None:
-                data = await load_bytes(url, policy, workdir, label=label)
-            out.append({"kind": kind, "sha256": hashlib.sha256(data).hexdigest()})
+            data = next(read) if data is None else data
+            digest = await anyio.to_thread.run_sync(_sha256, data) \
+                if len(data) > OFF_LOOP_BYTES else _sha256(data)
+            out.append({"kind": kind, "sha256": digest})
     return out
+
+
+#: Media this large are hashed off the event loop.
+OFF_LOOP_BYTES = 1024 * 1024
+
+
+def _sha256(data: bytes | bytearray) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _substitute(text: str, job: Job, media: list[dict[str, str]]) -> str:

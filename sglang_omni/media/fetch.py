@@ -380,8 +380,9 @@ async def _materialize_source(
 ) -> str:
     if isinstance(source, LocalMedia):
         return str(source.path)
-    if isinstance(source, InlineMedia):
-        return str(_write_inline(source, policy, workdir, label=label))
+    if isinstance(source, InlineMedia):  # decoding and writing megabytes: off the loop
+        return str(await anyio.to_thread.run_sync(
+            functools.partial(_write_inline, label=label), source, policy, workdir))
     return str(await _fetch_to_file(source.url, policy, workdir, label=label))
 
 
@@ -394,7 +395,8 @@ async def materialize(
     remote media, ``data:`` URLs and bare base64, the path of a temporary file inside
     ``workdir`` (removed on failure or cancellation, else with ``workdir``).
     """
-    source = policy.resolve(ref, label=label)
+    source = await anyio.to_thread.run_sync(functools.partial(policy.resolve, label=label), ref) \
+        if len(ref) >= OFF_LOOP_CHARS else policy.resolve(ref, label=label)
     return await _materialize_source(source, policy, workdir, label=label)
 
 

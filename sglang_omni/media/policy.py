@@ -112,7 +112,9 @@ class MediaPolicy:
     ``max_media_bytes``: bytes one request may fetch or decode from inline data, all parts
     together (``None``: no limit); the server sets both from ``--server.max_media_*``.
     ``fetch_timeout_s``: connect and per-read stall timeout; ``fetch_deadline_s``: whole fetch,
-    redirects included. ``max_redirects``: redirects followed before the fetch fails.
+    redirects included; ``request_deadline_s``: all the remote media of one request together
+    (:func:`~sglang_omni.media.gather.load_all`). ``max_redirects``: redirects followed before
+    the fetch fails.
     ``trust_env``: let the HTTP client use proxy settings from the environment.
 
     Construction raises ``ValueError`` for an invalid setting.
@@ -123,6 +125,7 @@ class MediaPolicy:
     max_file_size_mb: float = NATIVE_MEDIA_URL_MAX_FILE_SIZE_MB
     fetch_timeout_s: float = 10.0
     fetch_deadline_s: float = 60.0
+    request_deadline_s: float = 120.0
     max_redirects: int = 5
     trust_env: bool = False
     max_media_parts: int | None = None
@@ -142,8 +145,10 @@ class MediaPolicy:
         object.__setattr__(self, "_domains", frozenset(domains))
         if not self.max_file_size_mb >= 0:
             raise ValueError("max_file_size_mb must be >= 0 (0 disables the limit)")
-        if not (self.fetch_timeout_s > 0 and self.fetch_deadline_s > 0):
-            raise ValueError("fetch_timeout_s and fetch_deadline_s must be > 0")
+        if not (self.fetch_timeout_s > 0 and self.fetch_deadline_s > 0
+                and self.request_deadline_s > 0):
+            raise ValueError("fetch_timeout_s, fetch_deadline_s and request_deadline_s must be "
+                             "> 0")
         if self.max_redirects < 0:
             raise ValueError("max_redirects must be >= 0")
         if self.max_media_parts is not None and self.max_media_parts < 0:

@@ -11,7 +11,7 @@ from typing import Protocol
 #: native admission sum, a request body that does not fit the server's body budget (counted by
 #: the HTTP layer).
 REFUSAL_REASONS = ("max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget",
-                   "direct_queue", "direct_plan", "direct_wait")
+                   "direct_queue", "direct_plan", "direct_wait", "media_budget")
 
 
 class PipelineObserver(Protocol):

@@ -37,6 +37,7 @@ from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
 from sglang_omni.pipeline.early_results import call_until_early
+from sglang_omni.pipeline.media_budget import MediaBudget, worst_case_bytes
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
@@ -79,6 +80,9 @@ class Orchestrator:
         self.pipeline = config.pipeline()
         self.mode = self.pipeline.mode
         self.policy = media_policy(config)
+        #: Client media bytes the running requests hold (``server.max_client_media_bytes``).
+        self.media_budget = MediaBudget(config.server.max_client_media_bytes)
+        self.media_budget.on_refused = lambda: self.observer.refused("media_budget")
         self.stages = StageSet(config, log_level, log_format)
         self.ids = RequestIds()
         #: Every request's state (``pipeline.request_state``): opened by :meth:`request`,
@@ -361,6 +365,8 @@ class Orchestrator:
                 job.cancel()  # its stage call aborts the job
             if state.media is not None:
                 state.media.close()
+            if state.media_hold is not None:
+                state.media_hold.release()
             if rid is not None and (state.run is not None or state.on_reasoner):
                 self._end_on_reasoners(rid)
         finally:
@@ -371,17 +377,19 @@ class Orchestrator:
                 else:
                     self.ids.finish(rid)  # the rid stays taken for a while
 
-    def admit_text_chat(self, state: RequestState) -> None:
-        """Admit a text-only chat request (503 beyond the native limits' sum); its ticket is
-        ``state``'s, released with it."""
+    def admit_text_chat(self, state: RequestState, messages: Any = ()) -> None:
+        """Admit a text-only chat request (503 beyond the native limits' sum, or when the most
+        its client media ``messages`` may take does not fit in the client media budget: the
+        Reasoner stage reads them and keeps them until the request ends); its ticket and its
+        reservation are ``state``'s, released with it."""
         self.check_healthy()
-        if self.chat_admission is None:
-            return
-        try:
-            state.take(self.chat_admission.enter())
-        except ServiceUnavailable:
-            self.observer.refused("chat_queue")
-            raise
+        if self.chat_admission is not None:
+            try:
+                state.take(self.chat_admission.enter())
+            except ServiceUnavailable:
+                self.observer.refused("chat_queue")
+                raise
+        state.media_hold = self.media_budget.reserve(worst_case_bytes(messages, self.policy))
 
     async def text_chat(self, state: RequestState, req: ChatRequest
                         ) -> AsyncGenerator[dict[str, Any] | StageResult, None]:
@@ -423,6 +431,8 @@ class Orchestrator:
                 f"the server is at stages.orchestrator.factory.max_active ({self.max_active}) "
                 "requests; retry later"
             )
+        state.media_hold = self.media_budget.reserve(
+            worst_case_bytes(request.messages, self.policy))
         run = self.controller.open(request)
         try:
             plan = self.scheduler.admit(request.rid, request.waited_s,
@@ -434,7 +444,7 @@ class Orchestrator:
             raise
         state.run, state.plan = run, plan
         state.doom, state.progress = Doom(), RunProgress()
-        state.media = ReasonerMedia(request.rid, self.policy)
+        state.media = ReasonerMedia(request.rid, self.policy, state.media_hold)
         return run
 
     def _asked_steps(self, request: UMMRequest) -> int | None:

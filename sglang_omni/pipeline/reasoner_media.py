@@ -8,8 +8,11 @@ those frames, and the bytes of only the items the stage process does not hold ye
 (``runtime.request_media`` keeps them there until the request ends).
 
 * Client media are read once, under the media policy, on the request's first turn: inline ones
-  (``data:`` URLs, bare base64) decoded, remote URLs fetched, local files read. Every turn reads
-  the same bytes, and no base64 travels inside a stage message header.
+  (``data:`` URLs, bare base64) decoded, remote URLs fetched, local files read, a few at a time
+  and all within the request's media deadline (:func:`~sglang_omni.media.gather.load_all`).
+  Every turn reads the same bytes, and no base64 travels inside a stage message header. Their
+  size settles the request's reservation in the server's client media budget
+  (:mod:`~sglang_omni.pipeline.media_budget`), released when the request ends.
 * Generated media are the adapter's frames: frame *N* keeps its key for the request (an
   adapter's ``frames`` list only grows, and an index always names the same bytes).
 * When the stage process that holds the items is gone (it restarted mid-request), the turn fails
@@ -19,6 +22,7 @@ those frames, and the bytes of only the items the stage process does not hold ye
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +30,10 @@ from typing import Any
 from sglang_omni.contract.job import FRAME_SCHEME
 from sglang_omni.contract.result import Frames
 from sglang_omni.errors import BadRequest, StageDied
-from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media import MediaPolicy, RequestMediaDir
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts
+from sglang_omni.media.gather import load_all
+from sglang_omni.pipeline.media_budget import MediaReservation
 from sglang_omni.runtime.stage_handle import StageHandle
 
 
@@ -52,19 +58,27 @@ class _StageState:
 class ReasonerMedia:
     """The media of one interleaved request; :meth:`close` when the request ends."""
 
-    def __init__(self, rid: str, policy: MediaPolicy) -> None:
+    def __init__(self, rid: str, policy: MediaPolicy,
+                 reservation: MediaReservation | None = None) -> None:
         self.rid = rid
         self.policy = policy
+        #: The request's place in the server's client media budget: settled to the bytes read
+        #: once the client media are in, released by :meth:`close`.
+        self.reservation = reservation
         #: Client media references -> their key, and the bytes of those not sent yet.
         self._client_keys: dict[str, str] = {}
         self._unsent: dict[str, bytes] = {}
+        self._client_bytes = 0
+        #: Seconds of the request's media deadline (``request_deadline_s``) left.
+        self._fetch_left_s = policy.request_deadline_s
         self._stages: dict[str, _StageState] = {}
 
     async def prepare(self, handle: StageHandle, payload: Mapping[str, Any],
                       frames: Frames) -> ReasonerCall:
         """The turn ``payload`` (generated media ``frames``) as it goes to ``handle``'s stage;
-        MediaRefused or MediaFetchFailed for client media that cannot be read, StageDied when
-        the stage process holding the request's media is gone."""
+        MediaRefused or MediaFetchFailed for client media that cannot be read (the client
+        media not read yet are read at once, a few at a time, within the request's media
+        deadline), StageDied when the stage process holding the request's media is gone."""
         state = self._stages.get(handle.name)
         if state is not None and state.held and state.generation != handle.process_generation:
             raise StageDied(
@@ -73,23 +87,51 @@ class ReasonerMedia:
         if state is None or state.generation != handle.process_generation:
             state = self._stages[handle.name] = _StageState(handle.process_generation)
         messages = copy.copy(payload.get("messages") or [])
+        offset = int(payload.get("message_offset", 0) or 0)
+        parts = [part for part in iter_content_parts(messages, offset)
+                 if part.kind in MEDIA_PART_KINDS.values() and part.url is not None]
+        await self._read_client_media([(part.label, part.url) for part in parts
+                                       if part.url is not None
+                                       and not part.url.startswith(FRAME_SCHEME)])
         keys: list[str] = []
         items: dict[str, bytes | bytearray] = {}
-        offset = int(payload.get("message_offset", 0) or 0)
-        # the turn's fetched and decoded bytes count against max_media_bytes, as on the stage
-        with _TurnDir() as workdir:
-            for part in list(iter_content_parts(messages, offset)):
-                if part.kind not in MEDIA_PART_KINDS.values() or part.url is None:
-                    continue
-                key, data = await self._item(part.url, part.label, frames, workdir)
-                url = f"{FRAME_SCHEME}{len(keys)}"
-                keys.append(key)
-                if key not in state.held:
-                    items[key] = data
-                _replace_url(messages, part.message_index + offset, part.part_index, url)
+        for part in parts:
+            assert part.url is not None
+            key, data = self._item(part.url, part.label, frames)
+            url = f"{FRAME_SCHEME}{len(keys)}"
+            keys.append(key)
+            if key not in state.held:
+                items[key] = data
+            _replace_url(messages, part.message_index + offset, part.part_index, url)
         new = list(items)
         return ReasonerCall({**payload, "messages": messages}, {"keys": keys, "new": new},
                             [items[key] for key in new])
+
+    async def _read_client_media(self, refs: list[tuple[str, str]]) -> None:
+        """Read the client media of ``refs`` not read yet (each once), concurrently, within
+        what is left of the request's media deadline; settle the reservation to their size.
+        The fetched and decoded bytes count against max_media_bytes, as on the stage."""
+        unread: dict[str, str] = {}
+        for label, url in refs:
+            if url not in self._client_keys:
+                unread.setdefault(url, label)
+        if not unread:
+            return
+        started = time.monotonic()
+        try:
+            with _TurnDir() as workdir:
+                data = await load_all([(label, url) for url, label in unread.items()],
+                                      self.policy, workdir.get(),
+                                      deadline_s=max(self._fetch_left_s, 0.001))
+        finally:
+            self._fetch_left_s -= time.monotonic() - started
+        for url, item in zip(unread, data, strict=True):
+            key = f"c{len(self._client_keys)}"
+            self._client_keys[url] = key
+            self._unsent[key] = item
+            self._client_bytes += len(item)
+        if self.reservation is not None:
+            self.reservation.settle(self._client_bytes)
 
     def sent(self, handle: StageHandle, call: ReasonerCall) -> None:
         """``call`` reached ``handle``'s stage: it holds the new items now (the server keeps
@@ -101,27 +143,22 @@ class ReasonerMedia:
         for key in call.media["new"]:
             self._unsent.pop(key, None)
 
-    async def _item(self, url: str, label: str, frames: Frames, workdir: _TurnDir
-                    ) -> tuple[str, bytes | bytearray]:
-        """(key, bytes) of the medium ``url`` names."""
+    def _item(self, url: str, label: str, frames: Frames) -> tuple[str, bytes | bytearray]:
+        """(key, bytes) of the medium ``url`` names (client media were read already)."""
         if url.startswith(FRAME_SCHEME):
             index = url[len(FRAME_SCHEME):]
             if not index.isdigit() or int(index) >= len(frames):
                 raise BadRequest(f"{label}: {url} names no inline media of this request")
             return f"g{int(index)}", frames[int(index)]
-        key = self._client_keys.get(url)
-        if key is not None:
-            return key, self._unsent.get(key, b"")
-        data = await load_bytes(url, self.policy, workdir.get(), label=label)
-        key = f"c{len(self._client_keys)}"
-        self._client_keys[url] = key
-        self._unsent[key] = data
-        return key, data
+        key = self._client_keys[url]
+        return key, self._unsent.get(key, b"")
 
     def close(self) -> None:
-        """Drop what the request kept here; idempotent."""
+        """Drop what the request kept here and release its budget reservation; idempotent."""
         self._unsent.clear()
         self._client_keys.clear()
+        if self.reservation is not None:
+            self.reservation.release()
 
 
 class _TurnDir:

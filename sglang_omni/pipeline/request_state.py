@@ -26,6 +26,7 @@ from sglang_omni.errors import OmniError
 if TYPE_CHECKING:
     from sglang_omni.contract.result import StageResult
     from sglang_omni.pipeline.chat_admission import AdmissionTicket
+    from sglang_omni.pipeline.media_budget import MediaReservation
     from sglang_omni.pipeline.progress import RunProgress
     from sglang_omni.pipeline.reasoner_media import ReasonerMedia
     from sglang_omni.pipeline.scheduling import PlanEntry
@@ -69,6 +70,9 @@ class RequestState:
         self.progress: RunProgress | None = None
         self.doom: Doom | None = None
         self.media: ReasonerMedia | None = None
+        #: Its bytes in the server's client media budget (``pipeline.media_budget``),
+        #: released with the state.
+        self.media_hold: MediaReservation | None = None
         self.later: set[asyncio.Task[StageResult]] = set()
         #: Whether a Reasoner stage saw the request (it is told the request ended).
         self.on_reasoner = False

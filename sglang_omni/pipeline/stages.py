@@ -24,7 +24,8 @@ def media_settings(config: ResolvedConfig) -> dict[str, Any]:
             "max_media_parts": config.server.max_media_parts,
             "max_media_bytes": config.server.max_media_bytes,
             "fetch_timeout_s": config.server.media_fetch_timeout_s,
-            "fetch_deadline_s": config.server.media_fetch_deadline_s}
+            "fetch_deadline_s": config.server.media_fetch_deadline_s,
+            "request_deadline_s": config.server.media_request_deadline_s}
 
 
 def engine_spec(config: ResolvedConfig, name: str) -> EngineSpec:

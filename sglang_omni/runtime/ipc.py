@@ -11,13 +11,23 @@ An ASCII string of at least :data:`MIN_TEXT` characters in a header (a ``data:``
 request's inline media) is not packed into it: it travels after the frames as a piece of its
 own, encoded a window at a time as it is sent, and the receiver puts it back in its place. So
 sending a request holds little beyond the request itself, not a packed copy of its header.
+
+A message can take long to arrive whole (an interleaved request's media: hundreds of MiB, sent
+as the server's loop gets to it), and the messages behind it wait. ``Channel.recv(keepalive=f)``
+calls ``f(moved)`` every :data:`KEEPALIVE_S` while a message is partly received, whether bytes
+arrive or not (``moved``: whether some did since the last call), so the stage answers the
+server's heartbeat (the ping queued behind the media) meanwhile, and knows the server is alive
+while its bytes keep coming.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +43,9 @@ MIN_TEXT = 1024 * 1024
 TEXT_WINDOW = 1024 * 1024
 #: The msgpack extension type that stands in the header for a string sent beside it.
 _TEXT_EXT = 17
+#: Seconds between ``keepalive`` calls while a message is partly received (well under the
+#: server's stall timeout, 3 s by default).
+KEEPALIVE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -186,24 +199,31 @@ class Channel:
         if len(piece):
             self._sock.sendall(piece)
 
-    def recv(self) -> tuple[dict[str, Any], Frames]:
-        header = msgpack.unpackb(self._recv_piece())
-        frames: Frames = [self._recv_piece() for _ in range(header.pop("nframes", 0))]
+    def recv(self, keepalive: Callable[[bool], None] | None = None
+             ) -> tuple[dict[str, Any], Frames]:
+        """The next message; ``keepalive`` is called every :data:`KEEPALIVE_S` from its first
+        byte until it is whole (from this thread; see the module contract)."""
+        (size,) = _LEN.unpack(self._recv_exact(_LEN.size, None))
+        alive = _Keepalive(keepalive) if keepalive is not None else None
+        header = msgpack.unpackb(self._recv_exact(size, alive))
+        frames: Frames = [self._recv_piece(alive) for _ in range(header.pop("nframes", 0))]
         ntexts = header.pop("ntexts", 0)
         if ntexts:
-            texts = [self._recv_piece().decode("ascii") for _ in range(ntexts)]
+            texts = [self._recv_piece(alive).decode("ascii") for _ in range(ntexts)]
             put_texts_back(header, texts)
         return header, frames
 
-    def _recv_piece(self) -> bytearray:
-        (size,) = _LEN.unpack(self._recv_exact(_LEN.size))
-        return self._recv_exact(size)
+    def _recv_piece(self, alive: _Keepalive | None) -> bytearray:
+        (size,) = _LEN.unpack(self._recv_exact(_LEN.size, alive))
+        return self._recv_exact(size, alive)
 
-    def _recv_exact(self, size: int) -> bytearray:
+    def _recv_exact(self, size: int, alive: _Keepalive | None) -> bytearray:
         buf = bytearray(size)
         view = memoryview(buf)
         got = 0
         while got < size:
+            if alive is not None:
+                alive.wait_readable(self._sock)
             try:
                 n = self._sock.recv_into(view[got:], size - got)
             except ConnectionResetError:
@@ -211,6 +231,8 @@ class Channel:
             if n == 0:
                 raise EOFError("the peer closed the channel")
             got += n
+            if alive is not None:
+                alive.moved = True
         return buf
 
     def close(self) -> None:
@@ -219,3 +241,34 @@ class Channel:
         except OSError:
             pass
         self._sock.close()
+
+
+class _Keepalive:
+    """Calls ``callback(moved)`` every :data:`KEEPALIVE_S` while one message is being
+    received."""
+
+    def __init__(self, callback: Callable[[bool], None]) -> None:
+        self.callback = callback
+        self.last = time.monotonic()
+        #: Bytes arrived since the last call.
+        self.moved = False
+        self._poll = select.poll()
+        self._registered = False
+
+    def wait_readable(self, sock: socket.socket) -> None:
+        """Return once ``sock`` has bytes (or an end) to read, calling back when due."""
+        if not self._registered:
+            self._poll.register(sock.fileno(), select.POLLIN)
+            self._registered = True
+        while True:
+            self._due()
+            if self._poll.poll(KEEPALIVE_S * 1000):
+                self._due()
+                return
+
+    def _due(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= KEEPALIVE_S:
+            self.last = now
+            moved, self.moved = self.moved, False
+            self.callback(moved)

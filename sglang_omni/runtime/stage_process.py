@@ -4,7 +4,10 @@ Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`
 ``abort {rid}``, ``end {rid}`` (the request ended: an engine that keeps per-request state, such
 as the hf Reasoner's context, releases it; an abort releases it too), ``shutdown``,
 ``ping {seq}`` (answered ``pong {seq, media, engine, request_media, gpu}`` by the reader
-thread, so a frozen stage is noticed; ``media`` is the stage's media counters,
+thread, so a frozen stage is noticed; the reader thread also sends ``pong {seq: null, ...}``
+every ``ipc.KEEPALIVE_S`` while a long message, a request's media, is arriving, since the
+server's ping waits behind it, and counts the message's bytes as the server's heartbeat;
+``media`` is the stage's media counters,
 :mod:`sglang_omni.media.stats`, ``engine`` the engine's own counters when it has ``stats()``,
 else absent, ``request_media`` what the stage keeps of its requests' media:
 :mod:`sglang_omni.runtime.request_media`, ``gpu`` the device's memory counters where torch uses
@@ -248,10 +251,31 @@ class _StageServer:
             except Exception:  # noqa: BLE001
                 child.kill()
 
+    def _pong(self, seq: Any) -> None:
+        """Answer a heartbeat (``seq``: None when sent unasked, while a message is arriving)."""
+        pong = {"op": "pong", "seq": seq, "media": MEDIA_STATS.snapshot(),
+                "request_media": self.media.stats()}
+        gpu = device_memory()
+        if gpu is not None:
+            pong["gpu"] = gpu
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            pong["engine"] = stats()
+        self._send_now(pong, None)
+
+    def _receiving(self, moved: bool) -> None:
+        """A long message is arriving: answer the heartbeat waiting behind it; while its bytes
+        keep coming (``moved``) the server is alive, as a ping would say."""
+        if moved and self.last_ping is not None:
+            self.last_ping = time.monotonic()
+        self._pong(None)
+
     def _read_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
             try:
-                header, frames = self.channel.recv()
+                # a long message (a request's media) is answered for while it arrives: the
+                # server's ping waits behind it
+                header, frames = self.channel.recv(keepalive=self._receiving)
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(self.stopping.set)
                 return
@@ -260,15 +284,7 @@ class _StageServer:
                 continue
             if header.get("op") == "ping":  # answered here: the event loop may be busy
                 self.last_ping = time.monotonic()
-                pong = {"op": "pong", "seq": header.get("seq"), "media": MEDIA_STATS.snapshot(),
-                        "request_media": self.media.stats()}
-                gpu = device_memory()
-                if gpu is not None:
-                    pong["gpu"] = gpu
-                stats = getattr(self.engine, "stats", None)
-                if stats is not None:
-                    pong["engine"] = stats()
-                self._send_now(pong, None)
+                self._pong(header.get("seq"))
                 continue
             loop.call_soon_threadsafe(self._handle, header, frames)
 

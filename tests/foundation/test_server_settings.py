@@ -39,6 +39,8 @@ def test_file_and_flags(tmp_path: Path) -> None:
     ("--server.max_frames", "2.5", "server.max_frames: expected a whole number"),
     ("--server.max_body_bytes", "true", "server.max_body_bytes: expected a number"),
     ("--server.api_key", "' '", "server.api_key: expected a non-empty string"),
+    ("--server.max_client_media_bytes", "1000", "server.max_client_media_bytes: 1000 is below "
+     "server.max_media_bytes"),
 ])
 def test_refusals_name_the_setting(flag: str, value: str, needle: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -185,7 +185,7 @@ def _refusals(s: dict[str, Scrape]) -> None:
     assert after.value("sgl_omni_admission_refusals_total", reason="max_active") == 1
     assert after.labels("sgl_omni_admission_refusals_total", "reason") == {
         "max_active", "plan", "deadline", "stage_down", "chat_queue", "body_budget",
-        "direct_queue", "direct_plan", "direct_wait"}
+        "direct_queue", "direct_plan", "direct_wait", "media_budget"}
     assert s["chat"].value("sgl_omni_admission_refusals_total", reason="chat_queue") == 1
 
 
@@ -193,6 +193,12 @@ def _pending_body(s: dict[str, Scrape]) -> None:
     # bodies are held only while read and parsed (tests/wire/test_body_budget.py holds one)
     assert s["during"].value("sgl_omni_pending_body_bytes") >= 0
     assert s["after"].value("sgl_omni_pending_body_bytes") == 0
+
+
+def _client_media(s: dict[str, Scrape]) -> None:
+    # the chat image's reservation ends with its request (tests/media_http/test_media_budget.py)
+    assert s["during"].value("sgl_omni_client_media_bytes") >= 0
+    assert s["after"].value("sgl_omni_client_media_bytes") == 0
 
 
 def _retained(s: dict[str, Scrape]) -> None:
@@ -291,6 +297,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_admission_refusals_total": _refusals,
     "sgl_omni_pending_body_bytes": _pending_body,
     "sgl_omni_retained_bytes": _retained,
+    "sgl_omni_client_media_bytes": _client_media,
     "sgl_omni_media_fetches_total": _fetches,
     "sgl_omni_media_fetched_bytes_total": _fetched_bytes,
     "sgl_omni_media_refusals_total": _media_refusals,

@@ -13,13 +13,16 @@ Plain data work with no sglang import, so the rules are testable without the nat
 
 from __future__ import annotations
 
+import functools
 import json
 import mimetypes
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from sglang_omni.contract.job import FRAME_SCHEME, refuse_omni_owned
 from sglang_omni.contract.payloads import (
@@ -32,6 +35,7 @@ from sglang_omni.contract.payloads import (
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
 from sglang_omni.media.content_parts import message_parts, without_client_label
+from sglang_omni.media.gather import gather_within
 from sglang_omni.media.types import sniff_mime
 
 MEDIA_KINDS = ("image", "video", "audio")
@@ -58,7 +62,8 @@ async def _native_ref(ref: str, frames: list[bytes | bytearray], policy: MediaPo
         index = ref[len(FRAME_SCHEME):]
         if not index.isdigit() or int(index) >= len(frames):
             raise BadRequest(f"{label}: {ref} names no inline media of this request")
-        return _frame_file(frames[int(index)], workdir)
+        # megabytes written to a file: off the event loop
+        return await anyio.to_thread.run_sync(_frame_file, frames[int(index)], workdir)
     target = await materialize(ref, policy, workdir, label=label)
     return Path(target).as_uri()  # a checked local file or one of the request's temp files
 
@@ -68,18 +73,22 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
                          offset: int = 0) -> list[dict[str, Any]]:
     """A copy of ``messages`` whose media urls native SGLang can read under ``policy``
     (errors name the client's message indices: ``offset`` is
-    ``ReasonerPayload.message_offset``).
+    ``ReasonerPayload.message_offset``). The parts are read a few at a time, all within the
+    policy's ``request_deadline_s`` (:func:`~sglang_omni.media.gather.gather_within`).
 
     Refused references raise MediaRefused (400) and failed fetches MediaFetchFailed before
     native SGLang loads anything; files written for the request live in ``workdir``.
     """
-    out = []
+    out: list[dict[str, Any]] = []
+    #: (message index in ``out``, part index, the part's body) of each media part, in order
+    places: list[tuple[int, int, dict[str, Any]]] = []
+    reads: list[tuple[str, Callable[[], Awaitable[str]]]] = []
     for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list):
             out.append(dict(message))
             continue
-        parts = []
+        parts: list[Any] = []
         for part in message_parts(i - offset, content):
             if part.kind not in MEDIA_KINDS:
                 parts.append(part.part)
@@ -90,9 +99,14 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
             if not url:
                 raise BadRequest(f"{part.label}: expected {{\"url\": \"...\"}} with a non-empty "
                                  "url")
-            body["url"] = await _native_ref(url, frames, policy, workdir, part.label)
+            places.append((len(out), len(parts), body))
+            reads.append((part.label, functools.partial(_native_ref, url, frames, policy,
+                                                        workdir, part.label)))
             parts.append({**without_client_label(part.part), part.type: body})
         out.append({**message, "content": parts})
+    urls = await gather_within(reads, policy)
+    for (_, _, body), url in zip(places, urls, strict=True):
+        body["url"] = url
     return out
 
 

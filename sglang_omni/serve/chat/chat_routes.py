@@ -66,7 +66,7 @@ async def _text_chat(request: Request, orchestrator: Orchestrator, req: ChatRequ
     the stage loads any media; the ticket and the id are the request state's, released when
     the request ends (``serve.request_states``)."""
     state = request_state(request)
-    orchestrator.admit_text_chat(state)
+    orchestrator.admit_text_chat(state, req.messages)
     try:
         rid = orchestrator.claim(state, req.rid)
         note_rid(rid)

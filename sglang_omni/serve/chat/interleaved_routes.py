@@ -156,6 +156,7 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
         planned finish, in generation-stage order, and the planner's measured times."""
         return json_response({"active": orchestrator.admitted,
                               "max_active": orchestrator.max_active,
+                              **orchestrator.media_budget.report(),
                               **orchestrator.scheduler.report()})
 
     return ModeRoutes(router)

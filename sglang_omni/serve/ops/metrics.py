@@ -164,7 +164,12 @@ class _LiveCollector:
                                    "orchestrator (a request id, an admission ticket, a run: "
                                    "pipeline.request_state); 0 on a server at rest")
         states.add_metric([], float(self.orchestrator.states.live))
+        media = GaugeMetricFamily("sgl_omni_client_media_bytes", "client media bytes the "
+                                  "running requests hold or reserved (server.max_client_media_"
+                                  "bytes)")
+        media.add_metric([], float(self.orchestrator.media_budget.held))
         yield states
+        yield media
 
     def _interleaved(self) -> Iterator[Metric]:
         orch = self.orchestrator

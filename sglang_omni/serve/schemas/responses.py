@@ -195,6 +195,10 @@ class Queue(BaseModel):
 
     active: int
     max_active: int
+    client_media_bytes: int = Field(description="client media bytes the running requests hold "
+                                    "or reserved (a request reserves the most its media may "
+                                    "take before any fetch)")
+    max_client_media_bytes: int = Field(description="server.max_client_media_bytes")
     queued_generations: int
     plan: list[PlannedRequest]
     measured: dict[str, Any] = Field(description="the planner's times in seconds: reasoner_s "
