@@ -7,6 +7,8 @@ Every request is logged (host header, path) so tests can assert that nothing was
 
 from __future__ import annotations
 
+import functools
+import gzip
 import io
 import socket
 import threading
@@ -29,6 +31,14 @@ def _png_bytes() -> bytes:
 
 
 PNG = _png_bytes()
+#: Just over native's default media_url_max_file_size_mb (64 MiB).
+BIG = 64 * 1024 * 1024 + 65536
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """A gzip body of about 70 KiB that unpacks to 72 MiB: a PNG followed by zeros."""
+    return gzip.compress(PNG + bytes(72 * 1024 * 1024), compresslevel=9, mtime=0)
 
 
 @dataclass
@@ -117,8 +127,29 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"x" * 10, {"Content-Length": str(10**9)})
         elif route == "/gzip":
             self._send(200, b"\x1f\x8b" + b"\0" * 20, {"Content-Encoding": "gzip"})
+        elif route == "/gzip-bomb":  # about 70 KiB on the wire, 72 MiB once unpacked
+            headers = {"Content-Type": "image/png", "Content-Encoding": "gzip"}
+            if "unsized" in query:
+                self._unsized(gzip_bomb(), headers)
+            else:
+                self._send(200, gzip_bomb(), headers)
+        elif route == "/big-unsized":  # over 64 MiB, without Content-Length
+            self._unsized(PNG + bytes(BIG - len(PNG)), {"Content-Type": "image/png"})
         else:
             self._send(404)
+
+    def _unsized(self, body: bytes, headers: dict[str, str]) -> None:
+        """``body`` with no Content-Length (read until the connection closes), 64 KiB at a time
+        until the client hangs up."""
+        self.send_response(200)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        try:
+            for at in range(0, len(body), 65536):
+                self.wfile.write(body[at:at + 65536])
+        except OSError:
+            pass
 
     def _slowloris(self) -> None:
         """A valid response sent one byte every 0.2 s for up to 30 s: no read ever stalls long
