@@ -72,6 +72,7 @@ from sglang_omni.media.resolve import (
 )
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.media.urls import RemoteURL
+from sglang_omni.media.verify import verify_fetched
 from sglang_omni.media.workdir import RequestMediaDir
 
 if TYPE_CHECKING:  # httpx is imported where a fetch runs: a stage that never fetches
@@ -343,6 +344,7 @@ async def _fetch_to_file(
         with open(dest, "wb") as out:
             content_type = await fetch_remote(url, policy, out.write, label=label,
                                               workdir=workdir)
+        await verify_fetched(dest, label=label, url=url.url)  # 500 unless readable media
         if not dest.suffix:
             suffix = _suffix_for(content_type)
             if suffix:
@@ -435,6 +437,7 @@ async def load_bytes(
     if isinstance(source, RemoteMedia):
         body = bytearray()
         await fetch_remote(source.url, policy, body.extend, label=label, workdir=workdir)
+        await verify_fetched(body, label=label, url=source.url.url)  # 500 unless readable media
         return bytes(body)
     if isinstance(source, InlineMedia):
         if long:

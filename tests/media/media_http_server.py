@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gzip
 import io
+import random
 import socket
 import threading
 import time
@@ -33,6 +34,29 @@ def _png_bytes() -> bytes:
 PNG = _png_bytes()
 #: Just over native's default media_url_max_file_size_mb (64 MiB).
 BIG = 64 * 1024 * 1024 + 65536
+
+
+@functools.cache
+def mp4_bytes() -> bytes:
+    """A real 3-frame H.264 MP4 of 16x16 pixels."""
+    import numpy as np
+
+    from sglang_omni.media.encode import encode_mp4
+
+    return encode_mp4([np.full((16, 16, 3), 40 * i, np.uint8) for i in range(3)], 3)
+
+
+def bad_media() -> dict[str, tuple[bytes, str]]:
+    """name -> (bytes, what they claim to be): bytes that are not what they claim. A PNG's
+    header (signature and IHDR) followed by garbage passes a check of the leading bytes."""
+    rng = random.Random(7)
+    garbage = bytes(rng.randrange(256) for _ in range(4096))
+    return {"png-then-garbage": (PNG[:33] + garbage, "image/png"),
+            "random": (garbage, "image/png"),
+            "gzip": (gzip.compress(PNG, mtime=0), "image/png"),
+            "truncated-mp4": (mp4_bytes()[:len(mp4_bytes()) // 2], "video/mp4"),
+            "mp4-head-then-garbage": (mp4_bytes()[:32] + garbage, "video/mp4"),
+            "not-video": (garbage, "video/mp4")}
 
 
 @functools.cache
@@ -133,6 +157,11 @@ class Handler(BaseHTTPRequestHandler):
                 self._unsized(gzip_bomb(), headers)
             else:
                 self._send(200, gzip_bomb(), headers)
+        elif route == "/ok.mp4":
+            self._send(200, mp4_bytes(), {"Content-Type": "video/mp4"})
+        elif route.startswith("/bad/") and route[5:] in bad_media():
+            data, claimed = bad_media()[route[5:]]
+            self._send(200, data, {"Content-Type": claimed})
         elif route == "/big-unsized":  # over 64 MiB, without Content-Length
             self._unsized(PNG + bytes(BIG - len(PNG)), {"Content-Type": "image/png"})
         else:

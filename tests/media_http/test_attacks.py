@@ -100,9 +100,9 @@ def refused(resp: httpx.Response, *needles: str, status: int = 400) -> str:
 
 
 def data_url(size: int) -> str:
-    """A data: URL of ``size`` bytes that start as a PNG (admission checks the leading bytes)."""
-    head = b"\x89PNG\r\n\x1a\n"
-    return "data:image/png;base64," + base64.b64encode(head + b"\0" * (size - len(head))).decode()
+    """A data: URL of ``size`` bytes (at least ``len(PNG)``): a real PNG, then zeros after its
+    end (admission parses the image; decoders ignore what follows it)."""
+    return "data:image/png;base64," + base64.b64encode(PNG + bytes(size - len(PNG))).decode()
 
 
 # --- addresses ---------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def test_unreachable_media_host_is_a_clean_500(guarded: Server) -> None:
 
 # --- limits ------------------------------------------------------------------------------------
 def test_media_parts_over_the_limit_refused(default: Server) -> None:
-    image = data_url(16)
+    image = data_url(len(PNG))
     assert chat(default, image, image, image).status_code == 200
     before = submitted(default)
     refused(chat(default, image, image, image, image), "messages[0].content[4].image_url",
