@@ -95,6 +95,9 @@ def _verify_image(media: Media, found: str) -> None:
                 image.load()
     except NotMedia:
         raise
+    except Image.DecompressionBombError:  # PIL's own refusal, past twice its limit
+        raise NotMedia(f"its image has more than the {_pixel_limit()} pixels image decoders "
+                       "read; send a smaller one") from None
     except Exception as exc:  # noqa: BLE001 - any failure of the decoder on these bytes
         log.debug("a %s image did not parse: %r", name, exc)
         raise NotMedia(f"its bytes start as {name} but the image is truncated or corrupt "
@@ -112,22 +115,38 @@ def _reason(exc: BaseException) -> str:
     return (text or type(exc).__name__)[:80]
 
 
-def _verify_container(media: Media, found: str) -> None:
+def _first_frame(media: Media, flush: bool) -> bool:
+    """Whether the first stream's first frame decodes. ``flush``: decode the first packet
+    alone and flush the decoder, so the frame comes out without decoding the frames a
+    reordering decoder holds back; else decode packets until a frame comes out."""
     import av
 
+    with _open(media) as f, av.open(f, "r") as container:
+        streams = container.streams.video or container.streams.audio
+        if not streams:
+            raise NotMedia("its container holds no video or audio stream (truncated or "
+                           "corrupt)")
+        stream = streams[0]
+        context = stream.codec_context
+        context.thread_count = 1  # frame threads would hold the first frame back
+        width, height = getattr(context, "width", 0), getattr(context, "height", 0)
+        if stream.type == "video" and width and height:
+            _check_size(width, height, "video frame")
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue  # the demuxer's end-of-stream marker
+            if context.decode(packet):
+                return True
+            if flush:
+                return bool(context.decode(None))
+    return False
+
+
+def _verify_container(media: Media, found: str) -> None:
     try:
-        with _open(media) as f, av.open(f, "r") as container:
-            streams = container.streams.video or container.streams.audio
-            if not streams:
-                raise NotMedia("its container holds no video or audio stream (truncated or "
-                               "corrupt)")
-            stream = streams[0]
-            if stream.type == "video":
-                context = stream.codec_context
-                if context.width and context.height:
-                    _check_size(context.width, context.height, "video frame")
-            for _frame in container.decode(stream):
-                return
+        # a stream whose first packet alone makes no frame (rare) is decoded on until one does
+        if _first_frame(media, flush=True) or _first_frame(media, flush=False):
+            return
     except NotMedia:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the demuxer or decoder

@@ -245,6 +245,7 @@ def bind_pair(handler: type[Handler]) -> list[ThreadingHTTPServer]:
 def serving() -> Iterator[MediaServer]:
     """The media hosts on 127.0.0.1 and 127.0.0.2 (one port), serving until the block ends."""
     state = ServerState()
+    gzip_bomb()  # made once per process before any fetch (its compression takes a while)
     servers = bind_pair(type("Handler", (Handler,), {"state": state}))
     for srv in servers:
         srv.daemon_threads = True
