@@ -44,7 +44,8 @@ IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP", "gif": "GIF", "bm
 #: Sniffed formats PyAV probes (their first video frame, else their first audio frame).
 CONTAINER_FORMATS = ("mp4", "matroska", "avi")
 
-Media = bytes | bytearray | memoryview | Path
+#: Media to parse: bytes, a file's path, or an inline payload (decoded as it is read).
+Media = bytes | bytearray | memoryview | Path | inline.InlinePayload
 
 
 class NotMedia(ValueError):
@@ -54,12 +55,14 @@ class NotMedia(ValueError):
 def _open(media: Media) -> IO[bytes]:
     if isinstance(media, Path):
         return open(media, "rb")
+    if isinstance(media, inline.InlinePayload):
+        return io.BufferedReader(inline.Base64Reader(media), 64 * 1024)
     return io.BytesIO(media)
 
 
 def _head(media: Media) -> bytes:
-    if isinstance(media, Path):
-        with open(media, "rb") as f:
+    if isinstance(media, Path | inline.InlinePayload):
+        with _open(media) as f:
             return f.read(HEAD_BYTES)
     return bytes(media[:HEAD_BYTES])
 
@@ -158,8 +161,8 @@ def _verify_container(media: Media, found: str) -> None:
 
 def verify_media(media: Media) -> str:
     """The format (a :data:`~sglang_omni.media.sniff.MIME_OF_FORMAT` key) of ``media`` (bytes,
-    or a file's path) once parsed as the module docstring says; :class:`NotMedia` otherwise.
-    CPU-bound: call it off the event loop."""
+    a file's path, or a strict base64 payload) once parsed as the module docstring says;
+    :class:`NotMedia` otherwise. CPU-bound: call it off the event loop."""
     found = sniff_format(_head(media))
     if found is None:
         raise NotMedia(f"its bytes are none of {FORMAT_NAMES}")
@@ -171,12 +174,11 @@ def verify_media(media: Media) -> str:
 
 
 def _verify_payload(label: str, payload: inline.InlinePayload, image: bool) -> None:
+    if not payload.is_base64():
+        raise MediaRefused(f"{label}: the payload is not valid base64 (the standard alphabet, "
+                           "correctly padded, without whitespace)")
     try:
-        data = inline.decode(payload)
-    except inline.InlineRejected as exc:
-        raise MediaRefused(f"{label}: {exc}") from None
-    try:
-        found = verify_media(data)
+        found = verify_media(payload)  # decoded as it is parsed: no decoded copy is held
     except NotMedia as exc:
         raise MediaRefused(f"{label}: the inline media is not a readable image or video: "
                            f"{exc}; send the file as it is") from None

@@ -17,7 +17,7 @@ from PIL import Image
 
 from sglang_omni.errors import MediaFetchFailed, MediaRefused
 from sglang_omni.media.encode import encode_mp4
-from sglang_omni.media.inline import InlinePayload
+from sglang_omni.media.inline import Base64Reader, InlinePayload
 from sglang_omni.media.verify import NotMedia, verify_fetched, verify_inline, verify_media
 
 GARBAGE = random.Random(5).randbytes(2048)
@@ -130,3 +130,23 @@ def test_parsing_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> Non
 
     loop_thread = asyncio.run(both())
     assert len(threads) == 2 and loop_thread not in threads
+
+
+def test_inline_payloads_are_parsed_as_they_decode() -> None:
+    """A base64 payload reads as its bytes, at any offset (no decoded copy is made to parse
+    it); verify_media takes one like bytes."""
+    data = random.Random(2).randbytes(1000)
+    text = "data:image/png;base64," + base64.b64encode(data).decode()
+    payload = InlinePayload(text, "image/png", text.index(",") + 1)
+    reader = io.BufferedReader(Base64Reader(payload), 7)
+    assert reader.read() == data
+    rng = random.Random(3)
+    for _ in range(200):
+        at, size = rng.randrange(1003), rng.randrange(1003)
+        reader.seek(at)
+        assert reader.read(size) == data[at:at + size]
+    mp4 = InlinePayload(base64.b64encode(MP4).decode(), None)
+    assert verify_media(mp4) == "mp4"
+    with pytest.raises(NotMedia):
+        verify_media(InlinePayload(base64.b64encode(image("PNG")[:40] + GARBAGE).decode(),
+                                   None))
