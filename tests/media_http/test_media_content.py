@@ -135,6 +135,22 @@ def test_b64_json_must_be_an_image_and_base64(direct: Server) -> None:
     assert resp.status_code == 200, resp.text
 
 
+def test_a_realtime_actions_b64_json_is_checked_too(direct: Server) -> None:
+    """``WS /v1/actions/realtime`` takes the same bodies: a b64_json image that is not one is
+    the error message naming the field (native's error, then 1011)."""
+    import msgpack
+    from websockets.sync.client import connect
+
+    bad = base64.b64encode(bad_media()["png-then-garbage"][0]).decode()
+    body = {"input": {"task": "pick", "image": {"b64_json": bad}}, "parameters": DROID}
+    with connect(direct.url.replace("http", "ws") + "/v1/actions/realtime",
+                 open_timeout=10) as conn:
+        conn.recv(timeout=30)  # the metadata
+        conn.send(msgpack.packb(body))
+        error = msgpack.unpackb(conn.recv(timeout=30), raw=False)
+    assert error["code"] == 400 and "input.image.b64_json" in error["error"], error
+
+
 # --- multipart uploads ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", BAD_IMAGES)
 def test_uploaded_images_not_what_they_claim_are_400(direct: Server, name: str) -> None:
