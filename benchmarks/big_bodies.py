@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from media_kit import padded_png  # noqa: E402
 from serve_kit import REPO, Server  # noqa: E402
 
 PING_S = 0.01
@@ -58,8 +59,8 @@ class Pinger(threading.Thread):
 
 
 def chat_body(image_mb: int, count: int) -> bytes:
-    png_head = b"\x89PNG\r\n\x1a\n"  # admission checks the leading bytes of inline media
-    payload = base64.b64encode(png_head + os.urandom(image_mb * 1024 * 1024 - 8)).decode()
+    # a valid PNG (admission parses inline media), of random bytes in the bulk
+    payload = base64.b64encode(padded_png(image_mb * 1024 * 1024)).decode()
     part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{payload}"}}
     return json.dumps({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "describe"}, *[part] * count]}], "max_tokens": 8}).encode()

@@ -22,11 +22,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from media_kit import padded_mp4, padded_png  # noqa: E402
 from serve_kit import REPO, Server  # noqa: E402
 
 MB = 10**6
@@ -34,21 +36,19 @@ MiB = 2**20
 #: The interleaved pipeline holds a request's history within max_retained_bytes (128 MiB by
 #: default): raised so that the body's media are accepted.
 RETAIN_ALL = ("--stages.orchestrator.factory.max_retained_bytes", str(2**30))
-PNG_HEAD = b"\x89PNG\r\n\x1a\n"
-MP4_HEAD = b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2"
 
 
-def payloads(body_mb: int, parts: int, head: bytes) -> list[str]:
-    """``parts`` base64 payloads of media bytes (``head`` then random) totalling ``body_mb`` MB
-    of base64 text."""
+def payloads(body_mb: int, parts: int, make: Callable[[int], bytes]) -> list[str]:
+    """``parts`` base64 payloads of valid media (``make(size)``: mostly random bytes, see
+    ``media_kit``) totalling ``body_mb`` MB of base64 text."""
     size = body_mb * MB // parts * 3 // 4
-    return [base64.b64encode(head + os.urandom(size - len(head))).decode() for _ in range(parts)]
+    return [base64.b64encode(make(size)).decode() for _ in range(parts)]
 
 
 def bodies(body_mb: int, parts: int) -> dict[str, tuple[str, bytes]]:
     """Route name -> (path, JSON body)."""
-    images = [f"data:image/png;base64,{p}" for p in payloads(body_mb, parts, PNG_HEAD)]
-    videos = [f"data:video/mp4;base64,{p}" for p in payloads(body_mb, parts, MP4_HEAD)]
+    images = [f"data:image/png;base64,{p}" for p in payloads(body_mb, parts, padded_png)]
+    videos = [f"data:video/mp4;base64,{p}" for p in payloads(body_mb, parts, padded_mp4)]
 
     def chat(kind: str, urls: list[str]) -> bytes:
         content = [{"type": "text", "text": "describe"},

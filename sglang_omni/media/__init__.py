@@ -5,6 +5,8 @@
 * :mod:`.refs`: every media reference of a chat request / generation options, with labels, and
   the request-wide pre-check (:func:`check_media_refs`: count, policy, inline bytes);
 * :mod:`.fetch`: :func:`materialize` / :func:`load_bytes`, the guarded reads;
+* :mod:`.verify`: whether a medium's bytes are what they claim (parsed: inline media at
+  admission, remote media once fetched);
 * :mod:`.resolve`, :mod:`.addresses`: resolve-once, public-address checks, pinned connections;
 * :mod:`.workdir`: :class:`RequestMediaDir`, the per-request temp folder;
 * :mod:`.urls`, :mod:`.local`, :mod:`.inline`: the syntax rules for each kind of reference.

@@ -7,11 +7,15 @@ resolve at all is refused with the same 400 on every route, whichever stage woul
 whether or not its engine reads it. The fetch itself resolves again and connects only to the
 addresses it checked (:mod:`.resolve`), so this check is about the answer, not the defence.
 
-Inline media (``data:`` URLs, bare base64, form uploads, a realtime first frame) are checked for
-what their bytes are, from their leading bytes (:mod:`.sniff`): bytes of no image or video
-format this server reads, or of another format than a ``data:`` URL declares (GIF bytes sent as
-``image/png``), are a 400. A bare string that reads as a path (``/dev/urandom``, ``//etc/passwd``
-are also valid base64) and whose bytes are no media is a path, refused like any local path.
+Inline media (``data:`` URLs, bare base64, form uploads, a realtime first frame, the action
+route's ``{"b64_json": ...}`` images) are checked for what their bytes are: first from their
+leading bytes (:mod:`.sniff`), then parsed whole, off the event loop (:mod:`.verify`: an image's
+header, dimensions and data, a video's container and first frame). Bytes of no image or video
+format this server reads, truncated or corrupt media, or bytes of another format than a
+``data:`` URL declares (GIF bytes sent as ``image/png``), are a 400 naming the field. A bare
+string that reads as a path (``/dev/urandom``, ``//etc/passwd`` are also valid base64) and whose
+bytes are no media is a path, refused like any local path. (Remote media are checked the same
+way once fetched, by the fetch: :mod:`.fetch`.)
 
 A lookup that fails for a reason of the resolver's (``EAI_AGAIN``: DNS did not answer) is not
 the client's doing: :class:`~sglang_omni.errors.MediaFetchFailed` (500). The whole admission
@@ -27,6 +31,7 @@ import anyio
 
 from sglang_omni.errors import MediaFetchFailed, MediaRefused
 from sglang_omni.media import local
+from sglang_omni.media.inline import InlineRejected
 from sglang_omni.media.policy import (
     NO_LOCAL_MEDIA,
     InlineMedia,
@@ -43,6 +48,7 @@ from sglang_omni.media.sniff import (
     sniff_format,
 )
 from sglang_omni.media.stats import MEDIA_STATS
+from sglang_omni.media.verify import inline_payload, verify_inline
 
 #: Base64 characters that decode to at least :data:`HEAD_BYTES` bytes (a multiple of 4).
 _HEAD_CHARS = -(-HEAD_BYTES // 3) * 4
@@ -51,22 +57,32 @@ _PATH_STARTS = ("/", "./", "../", "~")
 
 
 async def admit_media(refs: Iterable[tuple[str, str]], policy: MediaPolicy, *,
-                      resolver: Resolver | None = None) -> None:
+                      resolver: Resolver | None = None,
+                      inline_images: Iterable[tuple[str, str]] = ()) -> None:
     """Refuse (400) the request when the host of any remote ``(label, ref)`` resolves to an
     address the policy refuses, or to none, or when inline media are not what they claim (see
     the module contract); the references were already checked by
-    :func:`~sglang_omni.media.refs.check_media_refs`."""
+    :func:`~sglang_omni.media.refs.check_media_refs`. ``inline_images``: ``(label, text)`` of
+    images sent inline outside a reference (a ``data:`` URL or bare base64: the action route's
+    ``{"b64_json": ...}``), checked like inline references."""
     remote: list[tuple[str, RemoteMedia]] = []
-    for label, ref in refs:
-        source = policy.resolve(ref, label=label)
-        if isinstance(source, RemoteMedia):
-            remote.append((label, source))
-        elif isinstance(source, InlineMedia):
-            try:
+    try:
+        for label, ref in refs:
+            source = policy.resolve(ref, label=label)
+            if isinstance(source, RemoteMedia):
+                remote.append((label, source))
+            elif isinstance(source, InlineMedia):
                 check_inline_content(label, ref, source, policy)
-            except MediaRefused:
-                MEDIA_STATS.refused("policy")
-                raise
+                await verify_inline(label, source.payload)
+        for label, text in inline_images:
+            try:
+                payload = inline_payload(text)
+            except InlineRejected as exc:
+                raise MediaRefused(f"{label}: {exc}") from None
+            await verify_inline(label, payload, image=True)
+    except MediaRefused:
+        MEDIA_STATS.refused("policy")
+        raise
     if not remote:
         return
     label = remote[0][0]

@@ -10,11 +10,11 @@ The fetch resolves each host once and connects only to the addresses it checked
 neither a private literal nor DNS rebinding reaches an internal service. It never lets httpx
 follow redirects: each hop is validated like a fresh reference (scheme, syntax, host rules,
 addresses) before it is requested, and at most ``max_redirects`` are followed. It asks for an
-unencoded body (a compressed one is refused, so the limit counts the bytes that are stored) and
-streams it, refusing a declared ``Content-Length`` over the limit (``media_url_max_file_size_mb``)
-up front and stopping as soon as the bytes read pass it. ``fetch_timeout_s`` bounds connecting and
-every read (a stalled host), ``fetch_deadline_s`` the whole fetch, redirects included (a
-trickling, slowloris host).
+unencoded body (a compressed one fails the fetch, so the limit counts the bytes that are stored)
+and streams it, failing on a declared ``Content-Length`` over the limit
+(``media_url_max_file_size_mb``) up front and stopping as soon as the bytes read pass it.
+``fetch_timeout_s`` bounds connecting and every read (a stalled host), ``fetch_deadline_s`` the
+whole fetch, redirects included (a trickling, slowloris host).
 
 An ``https`` fetch verifies the host's certificate against the URL's host name (sent as SNI,
 though the connection goes to the pinned address) and the certificate authorities of
@@ -27,11 +27,12 @@ Bytes fetched and decoded from inline data are counted per request (on the reque
 naming ``--server.max_media_bytes``).
 
 Failures are typed as native SGLang's other chat routes answer them (``sglang_omni.errors``
-holds their statuses): :class:`MediaNotFound` (400) when the media host answers 404,
-:class:`MediaFetchFailed` (500) when it answers another error, fails, times out or redirects too
-often; media over the size limit, a compressed body (both the client's choice of media), a
-redirect to a refused URL or a host on a refused address is :class:`MediaRefused` (400). Messages
-never carry internal exception text; the details go to the log.
+holds their statuses; spec 001's fetch rule): :class:`MediaNotFound` (400) when the media host
+answers 404, :class:`MediaFetchFailed` (500) when it answers another error, fails, times out,
+redirects too often, sends more than the size limit (declared or sent) or sends a compressed body
+(which the fetch did not ask for); a redirect to a refused URL or a host on a refused address is
+:class:`MediaRefused` (400). Messages never carry internal exception text; the details go to the
+log.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from sglang_omni.media.resolve import (
 )
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.media.urls import RemoteURL
+from sglang_omni.media.verify import verify_fetched
 from sglang_omni.media.workdir import RequestMediaDir
 
 if TYPE_CHECKING:  # httpx is imported where a fetch runs: a stage that never fetches
@@ -299,16 +301,16 @@ class _Fetch:
             )
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise MediaRefused(
-                f"{where}: the media host sent a compressed body (Content-Encoding "
-                f"{encoding[:20]!r}); media must be served unencoded, so name media its host "
-                "sends as is"
+            raise MediaFetchFailed(
+                f"{where} failed: the media host sent a compressed body (Content-Encoding "
+                f"{encoding[:20]!r}) though asked for none; media are read as sent, up to "
+                f"{_limit_text(policy)}"
             )
         declared = response.headers.get("content-length", "").strip()
         if declared.isdigit() and declared.isascii():
             if policy.over_limit(int(declared)):
-                raise _tagged(MediaRefused(
-                    f"{where}: the media is larger than {_limit_text(policy)}"
+                raise _tagged(MediaFetchFailed(
+                    f"{where} failed: the media is larger than {_limit_text(policy)}"
                 ), "size")
             if policy.max_media_bytes is not None and self.workdir is not None and \
                     self.workdir.media_bytes + int(declared) > policy.max_media_bytes:
@@ -317,8 +319,8 @@ class _Fetch:
         async for chunk in response.aiter_raw():
             received += len(chunk)
             if policy.over_limit(received):
-                raise _tagged(MediaRefused(
-                    f"{where}: the media is larger than {_limit_text(policy)}"
+                raise _tagged(MediaFetchFailed(
+                    f"{where} failed: the media is larger than {_limit_text(policy)}"
                 ), "size")
             charge(self.workdir, policy, len(chunk), label=self.label)
             self.sink(chunk)
@@ -342,6 +344,7 @@ async def _fetch_to_file(
         with open(dest, "wb") as out:
             content_type = await fetch_remote(url, policy, out.write, label=label,
                                               workdir=workdir)
+        await verify_fetched(dest, label=label, url=url.url)  # 500 unless readable media
         if not dest.suffix:
             suffix = _suffix_for(content_type)
             if suffix:
@@ -436,6 +439,7 @@ async def load_bytes(
     if isinstance(source, RemoteMedia):
         body = bytearray()
         await fetch_remote(source.url, policy, body.extend, label=label, workdir=workdir)
+        await verify_fetched(body, label=label, url=source.url.url)  # 500 unless readable media
         return bytes(body)
     if isinstance(source, InlineMedia):
         if long:

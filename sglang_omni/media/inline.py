@@ -9,6 +9,7 @@ correct padding, no whitespace), matching native SGLang's ``validate=True``.
 from __future__ import annotations
 
 import binascii
+import io
 import re
 from dataclasses import dataclass
 
@@ -99,3 +100,41 @@ def decode(payload: InlinePayload) -> bytes:
         return binascii.a2b_base64(payload.payload, strict_mode=True)
     except binascii.Error as e:
         raise InlineRejected(f"the payload is not valid base64 ({e})") from None
+
+
+class Base64Reader(io.RawIOBase):
+    """The bytes a strict base64 payload decodes to, as a read-only seekable file decoded as it
+    is read (a few kilobytes at a time), so a parser can read megabytes of inline media without
+    a decoded copy of them. The payload must be strict base64 (:meth:`InlinePayload.is_base64`)."""
+
+    def __init__(self, payload: InlinePayload) -> None:
+        super().__init__()
+        self._text, self._start = payload.text, payload.start
+        self._size = payload.decoded_size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        wanted = min(len(buffer), self._size - self._pos)
+        if wanted <= 0:
+            return 0
+        first, last = self._pos // 3, -(-(self._pos + wanted) // 3)  # 4-character groups
+        decoded = binascii.a2b_base64(self._text[self._start + 4 * first:self._start + 4 * last])
+        skip = self._pos - 3 * first
+        data = decoded[skip:skip + wanted]
+        memoryview(buffer).cast("B")[:len(data)] = data
+        self._pos += len(data)
+        return len(data)

@@ -7,8 +7,10 @@ import hashlib
 import json
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
+from sglang_omni.media.encode import encode_mp4
 from tests.chat.kit import (
     TEXT_ONLY,
     answer,
@@ -22,7 +24,7 @@ from tests.chat.kit import (
 from tests.server import Server
 
 RED, BLUE, GREEN = png((255, 0, 0)), png((0, 0, 255)), png((0, 255, 0))
-CLIP = b"\x00\x00\x00\x18ftypmp42 not a real clip"
+CLIP = encode_mp4([np.full((16, 16, 3), 80, np.uint8)] * 2, 2)  # media are parsed at admission
 WAV = b"RIFF\x24\x00\x00\x00WAVEfmt "
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from sglang_omni.engines.synth_media import decode_mp4_frames, encode_png, frame_pixels
+from sglang_omni.media.encode import encode_mp4
 from tests.generation.kit import HTTP, error_of, metric, png_size, scripted_server, wait_video
 from tests.server import Server
 
@@ -128,7 +129,7 @@ def test_video_form_with_an_uploaded_reference(server: Server) -> None:
 
 
 def test_video_reference_upload_and_urlencoded_forms(server: Server) -> None:
-    clip = b"\x00\x00\x00\x18ftypmp42"
+    clip = encode_mp4([np.full((16, 16, 3), 80, np.uint8)] * 2, 2)  # parsed at admission
     resp = HTTP.post(f"{server.url}/v1/videos", data={"prompt": "more", "num_frames": "2"},
                      files={"video_reference": ("clip.mp4", clip, "video/mp4")})
     assert resp.status_code == 200, resp.text

@@ -7,12 +7,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.media.media_http_server import Handler, MediaServer, ServerState, bind_pair
+from tests.media.media_http_server import (
+    Handler,
+    MediaServer,
+    ServerState,
+    bind_pair,
+    gzip_bomb,
+)
 
 
 @pytest.fixture(scope="session")
 def _media_servers() -> Iterator[MediaServer]:
     state = ServerState()
+    gzip_bomb()  # made before any fetch: its compression takes longer than a fetch may wait
     handler = type("Handler", (Handler,), {"state": state})
     servers = bind_pair(handler)
     for server in servers:

@@ -7,7 +7,10 @@ Every request is logged (host header, path) so tests can assert that nothing was
 
 from __future__ import annotations
 
+import functools
+import gzip
 import io
+import random
 import socket
 import threading
 import time
@@ -29,6 +32,37 @@ def _png_bytes() -> bytes:
 
 
 PNG = _png_bytes()
+#: Just over native's default media_url_max_file_size_mb (64 MiB).
+BIG = 64 * 1024 * 1024 + 65536
+
+
+@functools.cache
+def mp4_bytes() -> bytes:
+    """A real 3-frame H.264 MP4 of 16x16 pixels."""
+    import numpy as np
+
+    from sglang_omni.media.encode import encode_mp4
+
+    return encode_mp4([np.full((16, 16, 3), 40 * i, np.uint8) for i in range(3)], 3)
+
+
+def bad_media() -> dict[str, tuple[bytes, str]]:
+    """name -> (bytes, what they claim to be): bytes that are not what they claim. A PNG's
+    header (signature and IHDR) followed by garbage passes a check of the leading bytes."""
+    rng = random.Random(7)
+    garbage = bytes(rng.randrange(256) for _ in range(4096))
+    return {"png-then-garbage": (PNG[:33] + garbage, "image/png"),
+            "random": (garbage, "image/png"),
+            "gzip": (gzip.compress(PNG, mtime=0), "image/png"),
+            "truncated-mp4": (mp4_bytes()[:len(mp4_bytes()) // 2], "video/mp4"),
+            "mp4-head-then-garbage": (mp4_bytes()[:32] + garbage, "video/mp4"),
+            "not-video": (garbage, "video/mp4")}
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """A gzip body of about 70 KiB that unpacks to 72 MiB: a PNG followed by zeros."""
+    return gzip.compress(PNG + bytes(72 * 1024 * 1024), compresslevel=9, mtime=0)
 
 
 @dataclass
@@ -117,8 +151,34 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"x" * 10, {"Content-Length": str(10**9)})
         elif route == "/gzip":
             self._send(200, b"\x1f\x8b" + b"\0" * 20, {"Content-Encoding": "gzip"})
+        elif route == "/gzip-bomb":  # about 70 KiB on the wire, 72 MiB once unpacked
+            headers = {"Content-Type": "image/png", "Content-Encoding": "gzip"}
+            if "unsized" in query:
+                self._unsized(gzip_bomb(), headers)
+            else:
+                self._send(200, gzip_bomb(), headers)
+        elif route == "/ok.mp4":
+            self._send(200, mp4_bytes(), {"Content-Type": "video/mp4"})
+        elif route.startswith("/bad/") and route[5:] in bad_media():
+            data, claimed = bad_media()[route[5:]]
+            self._send(200, data, {"Content-Type": claimed})
+        elif route == "/big-unsized":  # over 64 MiB, without Content-Length
+            self._unsized(PNG + bytes(BIG - len(PNG)), {"Content-Type": "image/png"})
         else:
             self._send(404)
+
+    def _unsized(self, body: bytes, headers: dict[str, str]) -> None:
+        """``body`` with no Content-Length (read until the connection closes), 64 KiB at a time
+        until the client hangs up."""
+        self.send_response(200)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        try:
+            for at in range(0, len(body), 65536):
+                self.wfile.write(body[at:at + 65536])
+        except OSError:
+            pass
 
     def _slowloris(self) -> None:
         """A valid response sent one byte every 0.2 s for up to 30 s: no read ever stalls long
@@ -185,6 +245,7 @@ def bind_pair(handler: type[Handler]) -> list[ThreadingHTTPServer]:
 def serving() -> Iterator[MediaServer]:
     """The media hosts on 127.0.0.1 and 127.0.0.2 (one port), serving until the block ends."""
     state = ServerState()
+    gzip_bomb()  # made once per process before any fetch (its compression takes a while)
     servers = bind_pair(type("Handler", (Handler,), {"state": state}))
     for srv in servers:
         srv.daemon_threads = True

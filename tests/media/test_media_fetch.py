@@ -157,14 +157,19 @@ def test_server_errors_are_500(media_server: MediaServer, tmp_path: Path, path: 
 
 
 @pytest.mark.parametrize(("path", "says"), [
-    ("/gzip", "compressed body"), ("/big-declared", "larger than the 0.01 MB limit")])
-def test_media_the_client_chose_badly_is_400(media_server: MediaServer, tmp_path: Path,
-                                             path: str, says: str) -> None:
-    """Media over media_url_max_file_size_mb or sent compressed: the client named it, so 400."""
+    ("/gzip", "compressed body"), ("/big-declared", "larger than the 0.01 MB limit"),
+    ("/big-unsized", "larger than the 0.01 MB limit"),
+    ("/gzip-bomb", "compressed body"), ("/gzip-bomb?unsized", "compressed body")])
+def test_a_host_sending_more_than_the_limit_is_500(media_server: MediaServer, tmp_path: Path,
+                                                   path: str, says: str) -> None:
+    """Spec 001's fetch rule: a host that sends more than media_url_max_file_size_mb (declared
+    or sent) or a compressed body (never asked for, which may unpack past it) fails the fetch:
+    500, the message naming the limit."""
     pol = policy("127.0.0.1", max_file_size_mb=SMALL_MB)
-    err = fail(tmp_path, media_server.url("127.0.0.1", path), pol, MediaRefused, 400)
-    assert err.to_body()["error"]["type"] == "invalid_request_error"
+    err = fail(tmp_path, media_server.url("127.0.0.1", path), pol, MediaFetchFailed, 500)
+    assert err.to_body()["error"]["type"] == "server_error"
     assert says in err.message
+    assert "0.01 MB limit (media_url_max_file_size_mb)" in err.message
 
 
 def test_connection_refused_is_500(tmp_path: Path) -> None:
@@ -191,7 +196,7 @@ def test_trickling_host_hits_the_deadline(media_server: MediaServer, tmp_path: P
 
 def test_endless_body_cut_off_near_the_limit(media_server: MediaServer, tmp_path: Path) -> None:
     pol = policy("127.0.0.1", max_file_size_mb=SMALL_MB)
-    err = fail(tmp_path, media_server.url("127.0.0.1", "/endless"), pol, MediaRefused, 400)
+    err = fail(tmp_path, media_server.url("127.0.0.1", "/endless"), pol, MediaFetchFailed, 500)
     assert "larger than the 0.01 MB limit" in err.message
     assert media_server.state.endless_done.wait(5), "the server kept sending"
     sent = media_server.state.endless_sent
@@ -285,7 +290,7 @@ def test_load_bytes_fetches_with_limits(media_server: MediaServer, tmp_path: Pat
                 )
                 == PNG
             )
-            with pytest.raises(MediaRefused, match="larger than"):
+            with pytest.raises(MediaFetchFailed, match="larger than"):
                 await load_bytes(
                     media_server.url("127.0.0.1", "/endless"), pol, workdir, label=LABEL
                 )

@@ -100,9 +100,9 @@ def refused(resp: httpx.Response, *needles: str, status: int = 400) -> str:
 
 
 def data_url(size: int) -> str:
-    """A data: URL of ``size`` bytes that start as a PNG (admission checks the leading bytes)."""
-    head = b"\x89PNG\r\n\x1a\n"
-    return "data:image/png;base64," + base64.b64encode(head + b"\0" * (size - len(head))).decode()
+    """A data: URL of ``size`` bytes (at least ``len(PNG)``): a real PNG, then zeros after its
+    end (admission parses the image; decoders ignore what follows it)."""
+    return "data:image/png;base64," + base64.b64encode(PNG + bytes(size - len(PNG))).decode()
 
 
 # --- addresses ---------------------------------------------------------------------------------
@@ -199,13 +199,14 @@ def test_oversize_media_host_cut_off_at_the_request_limit(guarded: Server,
     assert hosts.state.endless_done.wait(10), "the media host kept sending"
     assert hosts.state.endless_sent < 4 * 1024 * 1024  # the fetch hung up near the limit
     refused(chat(guarded, hosts.url("127.0.0.1", "/big-declared")), LABEL,
-            "larger than the 64 MB limit (media_url_max_file_size_mb)")
+            "larger than the 64 MB limit (media_url_max_file_size_mb)", status=500)
 
 
-def test_compressed_media_is_the_clients_400(guarded: Server, hosts: MediaServer) -> None:
-    """A media host that sends Content-Encoding: gzip: the client named that media (a 500 said
-    the server failed)."""
-    refused(chat(guarded, hosts.url("127.0.0.1", "/gzip")), LABEL, "compressed body")
+def test_compressed_media_is_the_hosts_500(guarded: Server, hosts: MediaServer) -> None:
+    """A media host that sends Content-Encoding: gzip though the fetch asked for none fails the
+    fetch (spec 001: 500 when the host fails or sends more than the limit)."""
+    refused(chat(guarded, hosts.url("127.0.0.1", "/gzip")), LABEL, "compressed body",
+            "media_url_max_file_size_mb", status=500)
 
 
 def test_slowloris_media_host_hits_the_fetch_deadline(guarded: Server,
@@ -231,7 +232,7 @@ def test_unreachable_media_host_is_a_clean_500(guarded: Server) -> None:
 
 # --- limits ------------------------------------------------------------------------------------
 def test_media_parts_over_the_limit_refused(default: Server) -> None:
-    image = data_url(16)
+    image = data_url(len(PNG))
     assert chat(default, image, image, image).status_code == 200
     before = submitted(default)
     refused(chat(default, image, image, image, image), "messages[0].content[4].image_url",

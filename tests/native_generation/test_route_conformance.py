@@ -128,7 +128,9 @@ def test_omni_accepts_and_refuses_as_the_table_says(server: Server, row: Row) ->
 INIT_ROWS = [
     ({"type": "init", "prompt": "sea", "num_frames": 2, "max_chunks": 1, **SMALL}, True),
     ({"type": "init", "prompt": "sea", "num_frames": 2, "max_chunks": 1,
-      "first_frame": "data:image/png;base64,iVBORw0KGgo=", **SMALL}, True),
+      "first_frame": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFk"
+                     "lEQVR4nGPk5ORkYGBgYmBgYGBgAAABbgAfXn6dLgAAAABJRU5ErkJggg==",  # a 2x2 PNG
+      **SMALL}, True),
     ({"type": "init"}, False),
     ({"type": "init", "prompt": "sea", "max_chunks": 0}, False),
     ({"type": "init", "prompt": 3}, False),

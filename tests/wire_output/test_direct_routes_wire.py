@@ -4,18 +4,22 @@ exception text in answers."""
 
 from __future__ import annotations
 
+import base64
 import json
 
+import numpy as np
 import pytest
 
+from sglang_omni.media.encode import encode_mp4
 from tests.generation.kit import HTTP, error_of, metric, scripted_server, wait_video
 from tests.server import Server
 
 DROID = {"domain_name": "droid_lerobot", "raw_action_dim": 8}
 HUGE = "!size=100000000000000000000"  # the scripted generator fails with an OverflowError
 
-#: The leading bytes of an MP4 (admission checks what inline media are).
-MP4_CLIP = "data:video/mp4;base64,AAAAGGZ0eXBpc29tAAAAAAAAAAAAAAAA"
+#: A real two-frame MP4 (admission parses inline media: container and first frame).
+MP4_CLIP = "data:video/mp4;base64," + base64.b64encode(
+    encode_mp4([np.full((16, 16, 3), 80, np.uint8)] * 2, 2)).decode()
 
 
 @pytest.fixture(scope="module")

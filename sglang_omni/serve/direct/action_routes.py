@@ -22,7 +22,7 @@ from fastapi.responses import Response
 
 from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import ServerError
-from sglang_omni.media.action_refs import action_media_refs
+from sglang_omni.media.action_refs import action_inline_images, action_media_refs
 from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
 from sglang_omni.serve.bodies.action_form import UPLOADS, action_body_from_form
@@ -89,7 +89,8 @@ def add_action_routes(router: APIRouter, ctx: DirectContext) -> None:
         if request.state.body_format == MULTIPART:
             body = action_body_from_form(body, set(UPLOADS))
         body = check_action(ctx, body)
-        await admit_media(action_media_refs(body), ctx.policy)
+        await admit_media(action_media_refs(body), ctx.policy,
+                          inline_images=action_inline_images(body))
         rid = ctx.new_rid()
         result = await ctx.call(request, rid, {"modality": "action", "request": body})
         if result is None:

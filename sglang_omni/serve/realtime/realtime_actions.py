@@ -31,7 +31,7 @@ from fastapi import APIRouter, WebSocket
 from sglang_omni.aio.race import race
 from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
-from sglang_omni.media.action_refs import action_media_refs
+from sglang_omni.media.action_refs import action_inline_images, action_media_refs
 from sglang_omni.media.admission import admit_media
 from sglang_omni.serve.bodies.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.bodies.msgpack_body import with_native_arrays
@@ -104,7 +104,8 @@ async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
     if not isinstance(body, dict):
         raise BadRequest("each message is one action request: a msgpack map")
     body = check_action(ctx, body)
-    await admit_media(action_media_refs(body), ctx.policy)
+    await admit_media(action_media_refs(body), ctx.policy,
+                      inline_images=action_inline_images(body))
     infer_started = time.monotonic()
     result = await _run(ctx, websocket, body, held)
     answer = dict(with_native_arrays(action_answer(ctx, result, body)))
