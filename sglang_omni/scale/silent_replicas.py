@@ -27,6 +27,12 @@ def mark(replica: str) -> None:
         _marked[replica] = time.monotonic()
 
 
+def answered(replica: str) -> None:
+    """``replica`` answered a call: it is not passed over any longer."""
+    with _lock:
+        _marked.pop(replica, None)
+
+
 def silent() -> frozenset[str]:
     """The replicas marked within the last :data:`SILENT_FOR_S` seconds."""
     now = time.monotonic()
@@ -44,12 +50,31 @@ def replica_silent(replica: str, silence_s: float) -> str:
             "replaces it once its health checks fail; retry the request")
 
 
+def not_retried(replica: str, silence_s: float, why: str) -> str:
+    """The error of a request whose replica stopped answering and that was not asked of
+    another replica (``why``: a clause saying why)."""
+    return (f"the replica serving this request ({replica}) stopped answering: nothing came "
+            f"from it for {silence_s:g} s (its process is frozen or its event loop blocked); "
+            f"the request was not asked of another replica: {why}; new requests go to other "
+            "replicas; retry the request")
+
+
+#: Why a silent call is not asked of another replica.
+TAKEN = ("that replica had taken it, so it may still run there when the replica resumes, and "
+         "running it twice is what the gateway avoids")
+UNFENCED = ("this gateway's call fence is not running, so it cannot stop the call from running "
+            "there too when that replica resumes")
+
+
 class ReplicaSilent(Exception):  # noqa: N818 - what happened, as StreamCut names it
     """A replica's call brought nothing for the gateway's ``replica_silence_s``; ``replicas``
-    is the one it went to (or, before Ray confirmed which, the router's group of equals)."""
+    is the one it went to (or, before Ray confirmed which, the router's group of equals);
+    ``not_retried_why``: the call never started but is not asked of another replica, why."""
 
     def __init__(self, replica: str, silence_s: float,
-                 replicas: tuple[str, ...] | None = None) -> None:
-        super().__init__(replica_silent(replica, silence_s))
+                 replicas: tuple[str, ...] | None = None, not_retried_why: str | None = None
+                 ) -> None:
+        super().__init__(replica_silent(replica, silence_s) if not_retried_why is None
+                         else not_retried(replica, silence_s, not_retried_why))
         self.replica = replica
         self.replicas = replicas if replicas is not None else (replica,)
