@@ -67,6 +67,7 @@ def listed(fleet: Fleet) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.timeout(600)  # three freezes of a silence limit each, and a deployment
 def test_a_frozen_replicas_calls_run_once_elsewhere_and_reads_name_it(
         cluster: RayCluster) -> None:
     fleet = deploy(cluster, "--generation.factory.stall_timeout_s", STALL_S, config=DIRECT,
