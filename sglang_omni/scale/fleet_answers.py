@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.datastructures import QueryParams
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.errors import BadRequest
+from sglang_omni.errors import BadRequest, ServiceUnavailable
 from sglang_omni.scale import fleet_members, silent_replicas
 from sglang_omni.scale.asgi_call import Message, Scope, Send, StreamCut
 from sglang_omni.scale.call_ids import own_id
@@ -39,6 +39,12 @@ UNANSWERED_FIELD = "unanswered_replicas"
 def is_fleet_listing(scope: Scope) -> bool:
     """Whether the request lists what every replica holds (``GET /v1/videos``)."""
     return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/videos"
+
+
+def is_any_replica_read(scope: Scope) -> bool:
+    """Whether the request reads what any replica answers alike, bounded as the fleet reads
+    (``GET /v1/queue``: one replica's plan)."""
+    return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/queue"
 
 
 def is_fleet_metrics(scope: Scope) -> bool:
@@ -74,6 +80,26 @@ class FleetAnswers:
         answers = await asyncio.gather(*(self._read_one(request, r) for r in members))
         got = [a for a in answers if a is not None]
         return got, sorted(set(members) - {a[0] for a in got})
+
+    async def _first_answer(self, scope: Scope, request: dict[str, Any], send: Send) -> None:
+        """The first whole answer any replica gives (every replica asked at once, each within
+        ``fleet_read_s``), so a frozen replica does not hold the read up; 503 when none
+        answered in time."""
+        reads = [asyncio.ensure_future(self._read_one(request, r))
+                 for r in fleet_members.current()]
+        try:
+            for next_read in asyncio.as_completed(reads):
+                got = await next_read
+                if got is not None:
+                    await send_answer(send, got[1], got[2])
+                    return
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+        await error_response(ServiceUnavailable(
+            f"no replica answered within {self.fleet_read_s:g} s (fleet_read_s); retry"),
+            self.server.retry_after_s)(scope, never, send)
 
     async def _read_one(self, request: dict[str, Any], replica: str
                         ) -> tuple[str, Message, bytes] | None:

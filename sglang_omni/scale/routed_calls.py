@@ -71,12 +71,11 @@ def forget(call_id: str) -> None:
         _notes.pop(call_id, None)
 
 
-async def first_item(call: AsyncIterator[Any], call_id: str, silence_s: float,
-                     mark: bool = True) -> Any:
+async def first_item(call: AsyncIterator[Any], call_id: str, silence_s: float) -> Any:
     """The call's first item (the replica's id). ReplicaSilent when a router sent the call
     somewhere and nothing came for ``silence_s`` since its latest note (a replica frozen before
-    its first reply: the one Ray confirmed is marked silent, if ``mark``); while no router has
-    sent it (the deadline router's hold, Ray still choosing) the wait is not limited here."""
+    its first reply: the one Ray confirmed is marked silent); while no router has sent it (the
+    deadline router's hold, Ray still choosing) the wait is not limited here."""
     first = asyncio.ensure_future(anext(call))
     poll_s = min(0.5, silence_s / 4)
     try:
@@ -87,7 +86,7 @@ async def first_item(call: AsyncIterator[Any], call_id: str, silence_s: float,
             sent = sent_to(call_id)
             if sent is None or not sent.replicas or time.monotonic() - sent.at < silence_s:
                 continue
-            if mark and len(sent.replicas) == 1:
+            if len(sent.replicas) == 1:
                 silent_replicas.mark(sent.replicas[0])
             raise ReplicaSilent(" or ".join(sent.replicas), silence_s, sent.replicas)
     finally:
