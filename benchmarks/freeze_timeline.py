@@ -11,7 +11,7 @@ server process (``SIGSTOP``) for ``--freeze-s`` seconds, resumes it (``SIGCONT``
 in seconds from the freeze, each change seen: the scrape naming it down
 (``sgl_omni_gateway_replica_up`` 0) and up again, its health in its routing stats, its
 generation stage's jobs growing again (new requests reaching it), and its replacement by Ray (its
-replica id gone).
+replica id gone, and its replacement's health).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def main() -> int:
         threading.Thread(target=load, args=(url, stop), daemon=True).start()
         time.sleep(5)
         victim = sorted(stats, key=lambda s: s["replica"])[0]
+        first = {s["replica"] for s in stats}
         rid, pid = victim["replica"], victim["pid"]
         at = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
@@ -119,6 +120,12 @@ def main() -> int:
                 note(f"scrape: replica_up {scrape}")
                 last["up"] = scrape
             stats, silent = poll_replicas(APP, 1)
+            for new in stats:
+                if new["replica"] != rid and new["replica"] not in first:
+                    key = f"new {new['replica']}"
+                    if new.get("health") != last.get(key):
+                        note(f"replacement {new['replica']}: {new.get('health')}")
+                        last[key] = new.get("health")
             mine = {s["replica"]: s for s in stats}.get(rid)
             health = mine.get("health") if mine else ("no answer" if rid in silent else "gone")
             if health != last.get("health"):

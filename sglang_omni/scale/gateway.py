@@ -19,7 +19,10 @@ first replica it reaches; the gateway is what can look at the answer first:
   :data:`HELD_RESULT`) is asked of the other replicas in turn: the result lives on the replica
   that made it; ``GET /v1/videos`` lists every replica's jobs, and ``GET /metrics`` is every
   replica's metrics, each sample labelled with its replica, then the gateway's own
-  (:mod:`~sglang_omni.scale.gateway_metrics`, labelled with the gateway);
+  (:mod:`~sglang_omni.scale.gateway_metrics`, labelled with the gateway); these fleet reads
+  (and ``GET /v1/queue``, the first replica's answer) ask every replica at once and wait at most
+  ``fleet_read_s`` for each, naming those that did not answer
+  (:mod:`~sglang_omni.scale.fleet_answers`);
 * a replica that dies (its process killed) before its answer started answers 500 with the error
   a stage death gives; after a stream started, the stream ends with that error (``event: error``
   on ``/generate``, an ``{"error": ...}`` chunk on chat) and ``[DONE]``, as on one server;

@@ -38,6 +38,14 @@ UNSENT_S = 10.0
 TRANSIT_S = 0.1
 
 
+def heard(stats: dict[str, Any]) -> None:
+    """Tell :mod:`~sglang_omni.scale.silent_replicas` when each replica last recorded its stats
+    (a replica marked silent that records them again is running again)."""
+    for key, st in stats.items():
+        if st and st.get("at") is not None:
+            silent_replicas.heard_from(key, float(st["at"]))
+
+
 def excluded(pending: PendingRequest | None) -> frozenset[str]:
     """The replica ids the request was already refused by (its ``exclude`` keyword) and those
     the gateway found silent (:mod:`~sglang_omni.scale.silent_replicas`)."""
@@ -222,6 +230,7 @@ class DeadlineRouter(_Members, RequestRouter):
         by_id = _by_id(candidate_replicas)
         now = time.time()
         stats = {k: r.routing_stats for k, r in by_id.items()}
+        heard(stats)
         since = {k: self._since(k, stats[k], now) for k in by_id}
         for gone in set(self._calls) - set(by_id):
             for rid in self._calls.pop(gone):
@@ -268,6 +277,7 @@ class RoundRobinRouter(_Members, RequestRouter):
         _backoff(pending_request)
         by_id = _by_id(candidate_replicas)
         stats = {k: r.routing_stats for k, r in by_id.items()}
+        heard(stats)
         order = rotation(sorted(by_id), next(self._turn), excluded(pending_request), stats)
         return noted(pending_request, first_only(by_id, order))
 

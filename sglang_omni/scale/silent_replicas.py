@@ -6,7 +6,9 @@ gateway, one per deployment handle) leave the marked replicas out like those a r
 refused by, unless every replica is (:func:`~sglang_omni.scale.routers.excluded`), so new
 requests go to the others at once, before Ray's health checks fail it. A mark lasts
 :data:`SILENT_FOR_S` (by then Ray has replaced a frozen replica; one that only paused serves
-again). Safe from any thread of the process.
+again). A mark ends sooner when the replica answers again: its routing stats recorded after
+the mark (:func:`heard_from`, the routers' stats) or a fleet read (:func:`answered`). Safe from
+any thread of the process.
 """
 
 from __future__ import annotations
@@ -19,18 +21,31 @@ SILENT_FOR_S = 60.0
 
 _lock = threading.Lock()
 _marked: dict[str, float] = {}  # replica id -> monotonic time of its last mark
+_marked_at: dict[str, float] = {}  # replica id -> wall-clock time of its last mark
 
 
 def mark(replica: str) -> None:
     """Pass ``replica`` over for the next :data:`SILENT_FOR_S` seconds."""
     with _lock:
         _marked[replica] = time.monotonic()
+        _marked_at[replica] = time.time()
+
+
+def heard_from(replica: str, stats_at: float) -> None:
+    """``replica`` recorded routing stats at wall-clock ``stats_at`` (Ray polls them every
+    half second): recorded after its mark, it is running again and no longer passed over (its
+    stats' health says whether it serves)."""
+    with _lock:
+        if replica in _marked and stats_at > _marked_at.get(replica, float("inf")):
+            _marked.pop(replica, None)
+            _marked_at.pop(replica, None)
 
 
 def answered(replica: str) -> None:
     """``replica`` answered a call: it is not passed over any longer."""
     with _lock:
         _marked.pop(replica, None)
+        _marked_at.pop(replica, None)
 
 
 def silent() -> frozenset[str]:
@@ -39,6 +54,7 @@ def silent() -> frozenset[str]:
     with _lock:
         for replica in [r for r, at in _marked.items() if now - at > SILENT_FOR_S]:
             del _marked[replica]
+            _marked_at.pop(replica, None)
         return frozenset(_marked)
 
 

@@ -196,3 +196,12 @@ def test_a_request_the_router_holds_is_not_silence() -> None:
     handle = ScriptedHandle([(None, held)])
     assert relay_through(handle, retries=0) == ANSWER
     assert "replica-c" not in silent_replicas.silent()
+
+
+def test_a_silent_replica_is_taken_back_once_it_records_its_stats_again() -> None:
+    silent_replicas.mark("thawed")
+    marked = time.time()
+    silent_replicas.heard_from("thawed", marked - 5)  # its stats from before the freeze
+    assert "thawed" in excluded(None)
+    silent_replicas.heard_from("thawed", marked + 0.5)  # recorded after the mark: it runs
+    assert "thawed" not in excluded(None)
