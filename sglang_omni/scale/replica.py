@@ -106,19 +106,20 @@ class OmniReplica:
         (:mod:`~sglang_omni.scale.call_fence`); otherwise it ends with nothing."""
         path = request["path"]
         planned = arrived_at is not None
-        # before the first yield: the stats count it from now
+        if fence is not None and call_id is not None and not await self._fence.claim(
+                fence, fence_namespace, call_id, time.time() if issued is None else issued):
+            self.stats.fenced += 1
+            log.warning("call %s (%s %s) not run: its gateway gave up on it (this replica did "
+                        "not answer it in time) and asked another replica", call_id,
+                        request["method"], path)
+            return
+        # claimed, before the first yield: the stats count it from now (a call they list is
+        # one the app is about to take, so the planner's quote soon counts it too)
         self.stats.started(path, call_id, planned)
         scope = http_scope(request)
         if arrived_at is not None:
             scope[WAITED_S_KEY] = max(0.0, time.time() - float(arrived_at))
         try:
-            if fence is not None and call_id is not None and not await self._fence.claim(
-                    fence, fence_namespace, call_id, time.time() if issued is None else issued):
-                self.stats.fenced += 1
-                log.warning("call %s (%s %s) not run: its gateway gave up on it (this replica "
-                            "did not answer it in time) and asked another replica", call_id,
-                            request["method"], path)
-                return
             yield self.id
             async for batch in with_keepalive(call_asgi(self.app, scope, request["body"])):
                 for message in batch if isinstance(batch, list) else ():
