@@ -3,6 +3,8 @@
 Usage: python benchmarks/fleet_faults.py [--runs 3] [--replicas 2] [--clients 8]
        [--step-time 0.05] [--faults replica-kill,stage-kill,replica-stop,node-kill]
        [--stop-s 45] [--json FILE]
+       python benchmarks/fleet_faults.py --faults freeze-retry [--trials 20] [--burst 4]
+       [--json FILE]
 
 Starts a local Ray instance, deploys the interleaved pipeline with the scripted engines
 (``configs/cpu-scripted.yaml``, the ``deadline`` router, Ray's default health checks) on
@@ -25,6 +27,11 @@ Once the fleet has served a steady while, each fault in turn hits one replica:
 * ``node-stop``: the same node's processes all stopped (``SIGSTOP``) and left so, as a host gone
   from the network (nothing answers, no connection closes), then killed once Ray has replaced
   its replicas.
+
+* ``freeze-retry`` (run alone: its own deployment, direct generation, ``--trials`` trials of
+  ``--burst`` calls): a replica frozen with calls on it and resumed once the gateway asked the
+  other replica; the JSON reports ``ran_twice``, ``phantom_jobs`` and ``reads_max_s``
+  (:mod:`freeze_retry`).
 
 ``node-kill`` and ``node-stop`` each need a replica on the worker node: ask for one of them a
 run (after it, Serve's replacement runs on the head).
@@ -63,6 +70,7 @@ from typing import Any
 
 import httpx
 import ray
+from freeze_retry import run as freeze_retry
 from ray import serve
 from ray_nodes import LocalNodes, on_head
 
@@ -73,7 +81,8 @@ from sglang_omni.scale.spec import ScaleOptions, ServerSource
 ROOT = Path(__file__).parents[1]
 CONFIG = ROOT / "configs" / "cpu-scripted.yaml"
 APP = "omni"
-FAULTS = ("replica-kill", "stage-kill", "replica-stop", "node-kill", "node-stop")
+FAULTS = ("replica-kill", "stage-kill", "replica-stop", "node-kill", "node-stop",
+          "freeze-retry")
 REPLICA_EXITED = "the replica serving this request exited"
 #: What a failed request's error must say for each fault (its true cause), one of these.
 CAUSES = {"replica-kill": (REPLICA_EXITED,), "stage-kill": ("the generation stage",),
@@ -323,6 +332,9 @@ def main() -> int:
     parser.add_argument("--stop-s", type=float, default=20.0,
                         help="seconds a stopped replica stays stopped at least")
     parser.add_argument("--json", help="also write every run's rows to this file")
+    parser.add_argument("--trials", type=int, default=20, help="freeze-retry: trials")
+    parser.add_argument("--burst", type=int, default=4,
+                        help="freeze-retry: calls sent at once before each freeze")
     args = parser.parse_args()
     unknown = set(args.faults.split(",")) - set(FAULTS)
     if unknown:
@@ -330,6 +342,8 @@ def main() -> int:
     if len({"node-kill", "node-stop"} & set(args.faults.split(","))) > 1:
         parser.error("--faults: node-kill and node-stop each need a replica on the worker "
                      "node; run them one at a time")
+    if "freeze-retry" in args.faults.split(",") and args.faults != "freeze-retry":
+        parser.error("--faults: freeze-retry runs alone (its own deployment)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -346,6 +360,11 @@ def main() -> int:
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     runs = []
     try:
+        if args.faults == "freeze-retry":
+            summary = freeze_retry(f"http://127.0.0.1:{port}", args.replicas, args.trials,
+                                   args.burst, args.json)
+            print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
+            return 0
         for _ in range(args.runs):
             runs.append(run_once(args, f"http://127.0.0.1:{port}", nodes))
     finally:

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     replicas.add_argument("--ray-address", default="auto",
                           help="the Ray cluster (default: the one running on this machine)")
     replicas.add_argument("--app", default="omni", help="the Serve application name")
+    replicas.add_argument("--timeout-s", type=float, default=2.0, metavar="S", help=(
+        "wait at most S seconds for the replicas' answers; those that did not answer are "
+        "listed as such (default 2)"))
     tiny = sub.add_parser("make-tiny-checkpoint", help=(
         "build the tiny seeded random-weight Cosmos3 checkpoint (needs the hf extra)"))
     tiny.add_argument("dir", help="folder to create")
@@ -257,7 +260,7 @@ def _on_ray(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: li
 
     try:
         if args.command == "replicas":
-            return launch.print_replicas(args.ray_address, args.app)
+            return launch.print_replicas(args.ray_address, args.app, args.timeout_s)
         return launch.serve_on_ray(source, options, args.host, args.port, args.ray_address)
     except RayAuthRequired as exc:
         print(f"sgl-omni: {exc}", file=sys.stderr)

@@ -73,7 +73,7 @@ def application(plan: ReplicaPlan, config: ResolvedConfig, options: ScaleOptions
         name="OmniGateway", num_replicas=options.gateways,
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=MAX_ONGOING,
     )(Gateway).bind(replica, config.server, options.retry_limit, options.replicas,
-                    options.max_waiting, options.replica_silence_s)
+                    options.max_waiting, options.replica_silence_s, options.fleet_read_s)
 
 
 def router_kwargs(options: ScaleOptions) -> dict[str, Any]:
@@ -90,7 +90,8 @@ def build(source: ServerSource, options: ScaleOptions) -> Application:
 OPTION_KEYS = {"replicas": int, "router": str, "retries": int, "gateways": int,
                "max_wait_s": float, "max_waiting": int,
                "stats_period_s": float, "replica_cpus": float, "health_check_period_s": float,
-               "health_check_timeout_s": float, "replica_silence_s": float}
+               "health_check_timeout_s": float, "replica_silence_s": float,
+               "fleet_read_s": float}
 
 
 def app_builder(args: Mapping[str, Any]) -> Application:

@@ -1,10 +1,14 @@
 """The fleet-wide answers of the gateway: routes whose answer is every replica's
 (``GET /v1/videos``, the jobs each replica holds; ``GET /metrics``, each replica's metrics
-labelled by replica, then the gateway's own), asked of the replicas in turn."""
+labelled by replica, then the gateway's own), asked of every replica at once. Each answers
+within ``fleet_read_s`` with what the replicas that answered in time said, and names those that
+did not (the list's ``unanswered_replicas``; ``sgl_omni_gateway_replica_up`` 0), so a frozen
+replica neither holds the read up nor vanishes from it unsaid."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -15,9 +19,11 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.datastructures import QueryParams
 
 from sglang_omni.config.server import ServerSettings
-from sglang_omni.errors import BadRequest
+from sglang_omni.errors import BadRequest, ServiceUnavailable
+from sglang_omni.scale import fleet_members, silent_replicas
 from sglang_omni.scale.asgi_call import Message, Scope, Send, StreamCut
-from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, merge
+from sglang_omni.scale.call_ids import own_id
+from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, merge, replica_up
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from sglang_omni.scale.silent_replicas import ReplicaSilent
 from sglang_omni.serve.direct.video_listing import list_page, list_query
@@ -25,11 +31,20 @@ from sglang_omni.serve.wire.http_errors import error_response
 from sglang_omni.serve.wire.responses import json_response
 
 log = logging.getLogger("sglang_omni.scale")
+#: The field of the fleet's ``GET /v1/videos`` naming the replicas whose jobs it lacks (they
+#: did not answer within ``fleet_read_s``).
+UNANSWERED_FIELD = "unanswered_replicas"
 
 
 def is_fleet_listing(scope: Scope) -> bool:
     """Whether the request lists what every replica holds (``GET /v1/videos``)."""
     return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/videos"
+
+
+def is_any_replica_read(scope: Scope) -> bool:
+    """Whether the request reads what any replica answers alike, bounded as the fleet reads
+    (``GET /v1/queue``: one replica's plan)."""
+    return scope["method"] == "GET" and scope["path"].rstrip("/") == "/v1/queue"
 
 
 def is_fleet_metrics(scope: Scope) -> bool:
@@ -45,37 +60,92 @@ class FleetAnswers:
     replica_count: int
     server: ServerSettings
     name: str
+    #: Seconds a fleet read waits for each replica's answer (the gateway's ``fleet_read_s``).
+    fleet_read_s: float
     metrics: GatewayMetrics
     #: The message batches of a replica's call (``OmniGateway._batches``).
     _batches: Callable[[DeploymentResponseGenerator, str], AsyncIterator[list[Message]]]
 
     async def _every_replica(self, request: dict[str, Any]
-                             ) -> list[tuple[str, Message, bytes]]:
-        """Every replica's answer to ``request`` as (replica, start message, body): replicas
-        are asked in turn (each call excluding those already asked) until one repeats or all
-        answered; a replica that dies is left out."""
+                             ) -> tuple[list[tuple[str, Message, bytes]], list[str]]:
+        """Every replica's answer to ``request`` as (replica, start message, body), and the
+        replicas that did not answer within ``fleet_read_s`` (or died meanwhile). Each replica
+        the routers know of (:mod:`~sglang_omni.scale.fleet_members`) is asked at once, its call
+        pinned to it, whether or not a call found it silent; one that answers is no longer
+        passed over (:func:`~sglang_omni.scale.silent_replicas.answered`). Before the routers
+        know the replicas (no call made yet) they are asked in turn, within the same bound."""
+        members = fleet_members.current()
+        if not members:
+            return await self._every_replica_in_turn(request)
+        answers = await asyncio.gather(*(self._read_one(request, r) for r in members))
+        got = [a for a in answers if a is not None]
+        return got, sorted(set(members) - {a[0] for a in got})
+
+    async def _first_answer(self, scope: Scope, request: dict[str, Any], send: Send) -> None:
+        """The first whole answer any replica gives (every replica asked at once, each within
+        ``fleet_read_s``), so a frozen replica does not hold the read up; 503 when none
+        answered in time."""
+        reads = [asyncio.ensure_future(self._read_one(request, r))
+                 for r in fleet_members.current()]
+        try:
+            for next_read in asyncio.as_completed(reads):
+                got = await next_read
+                if got is not None:
+                    await send_answer(send, got[1], got[2])
+                    return
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+        await error_response(ServiceUnavailable(
+            f"no replica answered within {self.fleet_read_s:g} s (fleet_read_s); retry"),
+            self.server.retry_after_s)(scope, never, send)
+
+    async def _read_one(self, request: dict[str, Any], replica: str
+                        ) -> tuple[str, Message, bytes] | None:
+        """``replica``'s whole answer to ``request`` within ``fleet_read_s``, or None."""
+        call = cast(DeploymentResponseGenerator, own_id(
+            lambda: self.replicas.options(stream=True).call.remote(request, replica=replica)))
+        try:
+            async with asyncio.timeout(self.fleet_read_s):
+                first = await call.__anext__()
+                if first != replica:  # it is gone: the pin fell back to another replica
+                    return None
+                messages = [m async for batch in self._batches(call, replica) for m in batch]
+        except (TimeoutError, RayActorError, StreamCut, ReplicaSilent, StopAsyncIteration):
+            log.warning("replica %s did not answer %s %s within %g s; its answer is left out",
+                        replica, request["method"], request["path"], self.fleet_read_s)
+            return None
+        finally:
+            call.cancel()
+        silent_replicas.answered(replica)
+        return replica, *_whole(messages)
+
+    async def _every_replica_in_turn(self, request: dict[str, Any]
+                                     ) -> tuple[list[tuple[str, Message, bytes]], list[str]]:
+        """The replicas' answers asked in turn through the router (each call excluding those
+        already asked) until one repeats or all answered, within ``fleet_read_s`` in all."""
         tried: list[str] = []
         answers: list[tuple[str, Message, bytes]] = []
-        for _ in range(self.replica_count):
-            call = cast(DeploymentResponseGenerator, self.replicas.options(stream=True).call
-                        .remote(request, exclude=list(tried)))
-            try:
-                replica = await call.__anext__()
-                messages = [m async for batch in self._batches(call, replica) for m in batch]
-            except (RayActorError, StreamCut, ReplicaSilent):
-                log.warning("a replica exited while %s %s asked every replica; its answer is "
-                            "left out", request["method"], request["path"])
-                continue
-            finally:
-                call.cancel()
-            if replica in tried:
-                break
-            tried.append(replica)
-            start = next(m for m in messages if m["type"] == "http.response.start")
-            body = b"".join(m.get("body", b"") for m in messages
-                            if m["type"] == "http.response.body")
-            answers.append((replica, start, body))
-        return answers
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.fleet_read_s):
+                for _ in range(self.replica_count):
+                    call = cast(DeploymentResponseGenerator, own_id(
+                        lambda: self.replicas.options(stream=True).call.remote(
+                            request, exclude=list(tried))))
+                    try:
+                        replica = await call.__anext__()
+                        messages = [m async for batch in self._batches(call, replica)
+                                    for m in batch]
+                    except (RayActorError, StreamCut, ReplicaSilent):
+                        continue
+                    finally:
+                        call.cancel()
+                    if replica in tried:
+                        break
+                    tried.append(replica)
+                    answers.append((replica, *_whole(messages)))
+        return answers, sorted(set(fleet_members.current()) - set(tried))
 
     async def _list_everywhere(self, scope: Scope, request: dict[str, Any], send: Send
                                ) -> None:
@@ -83,7 +153,8 @@ class FleetAnswers:
         (each replica is asked for all of its jobs: a page of one is no page of the fleet's); an
         answer other than 200 is relayed as it is."""
         jobs: list[dict[str, Any]] = []
-        for _, start, body in await self._every_replica({**request, "query_string": b""}):
+        answers, unanswered = await self._every_replica({**request, "query_string": b""})
+        for _, start, body in answers:
             if start["status"] != 200:  # a refused API key, say: as one server answers
                 await send_answer(send, start, body)
                 return
@@ -93,7 +164,9 @@ class FleetAnswers:
         except BadRequest as exc:
             await error_response(exc, self.server.retry_after_s)(scope, never, send)
             return
-        await json_response(list_page(jobs, query))(scope, never, send)
+        page = list_page(jobs, query)
+        page[UNANSWERED_FIELD] = unanswered
+        await json_response(page)(scope, never, send)
 
     async def _metrics_everywhere(self, request: dict[str, Any], send: Send
                                   ) -> None:
@@ -102,18 +175,27 @@ class FleetAnswers:
         an answer other than 200 is relayed."""
         texts: list[tuple[str, str]] = []
         content_type = b"text/plain; version=0.0.4; charset=utf-8"
-        for replica, start, body in await self._every_replica(request):
+        answers, unanswered = await self._every_replica(request)
+        for replica, start, body in answers:
             if start["status"] != 200:
                 await send_answer(send, start, body)
                 return
             content_type = dict(start.get("headers", [])).get(b"content-type", content_type)
             texts.append((replica, body.decode("utf-8", "replace")))
+        up = replica_up(self.name, [r for r, _ in texts], unanswered)
         merged = (merge(texts) + merge([(self.name, self.metrics.exposition())],
-                                       GATEWAY_LABEL)).encode()
+                                       GATEWAY_LABEL) + up).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", content_type),
                                 (b"content-length", str(len(merged)).encode())]})
         await send({"type": "http.response.body", "body": merged, "more_body": False})
+
+
+def _whole(messages: list[Message]) -> tuple[Message, bytes]:
+    """An answer's start message and its whole body."""
+    start = next(m for m in messages if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    return start, body
 
 
 async def send_answer(send: Send, start: Message, body: bytes) -> None:

@@ -74,3 +74,20 @@ def merge(expositions: Sequence[tuple[str, str]], label: str = REPLICA_LABEL) ->
         lines.extend(family.header)
         lines.extend(family.samples)
     return "\n".join(lines) + "\n" if lines else ""
+
+
+#: The gateway's series saying which replicas answered its last scrape.
+REPLICA_UP = "sgl_omni_gateway_replica_up"
+
+
+def replica_up(gateway: str, answered: Sequence[str], unanswered: Sequence[str]) -> str:
+    """The ``sgl_omni_gateway_replica_up`` family: 1 for each replica whose metrics this scrape
+    holds, 0 for each that did not answer in time (its series are missing from this scrape)."""
+    lines = [f"# HELP {REPLICA_UP} Whether the replica answered this scrape within "
+             "fleet_read_s (1) or not (0: its series are left out of it)",
+             f"# TYPE {REPLICA_UP} gauge"]
+    g = f'{GATEWAY_LABEL}="{_escape(gateway)}"'
+    for replicas, value in ((answered, 1), (unanswered, 0)):
+        lines.extend(f'{REPLICA_UP}{{{g},{REPLICA_LABEL}="{_escape(r)}"}} {value}'
+                     for r in sorted(replicas))
+    return "\n".join(lines) + "\n"

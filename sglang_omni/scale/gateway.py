@@ -19,7 +19,10 @@ first replica it reaches; the gateway is what can look at the answer first:
   :data:`HELD_RESULT`) is asked of the other replicas in turn: the result lives on the replica
   that made it; ``GET /v1/videos`` lists every replica's jobs, and ``GET /metrics`` is every
   replica's metrics, each sample labelled with its replica, then the gateway's own
-  (:mod:`~sglang_omni.scale.gateway_metrics`, labelled with the gateway);
+  (:mod:`~sglang_omni.scale.gateway_metrics`, labelled with the gateway); these fleet reads
+  (and ``GET /v1/queue``, the first replica's answer) ask every replica at once and wait at most
+  ``fleet_read_s`` for each, naming those that did not answer
+  (:mod:`~sglang_omni.scale.fleet_answers`);
 * a replica that dies (its process killed) before its answer started answers 500 with the error
   a stage death gives; after a stream started, the stream ends with that error (``event: error``
   on ``/generate``, an ``{"error": ...}`` chunk on chat) and ``[DONE]``, as on one server;
@@ -31,7 +34,10 @@ first replica it reaches; the gateway is what can look at the answer first:
   long before Ray's health checks fail it; a call sent to a replica that never sends its first
   reply (it froze just then) is found the same way, counted from when the router sent it
   (:mod:`~sglang_omni.scale.routed_calls`: the deadline router's hold is not silence), and,
-  as it never started, asked of another replica like a 503;
+  as it never started, asked of another replica like a 503, that replica excluded; a call that
+  changes state (not ``GET``/``HEAD``) is fenced first (:mod:`~sglang_omni.scale.call_fence`):
+  it is asked elsewhere only if the gateway's give-up reached the fence before the replica's
+  claim, so it never runs on both; otherwise the client gets the silence error at once;
 * a client that disconnects cancels the replica's call: the replica's app sees the disconnect, and
   the request is aborted down to its generation stage.
 
@@ -76,7 +82,7 @@ from sglang_omni.errors import (
     ServiceUnavailable,
     StageDied,
 )
-from sglang_omni.scale import routed_calls, silent_replicas
+from sglang_omni.scale import call_fence, fleet_members, routed_calls, silent_replicas
 from sglang_omni.scale.asgi_call import (
     GRACE_S,
     KEEPALIVE,
@@ -88,15 +94,17 @@ from sglang_omni.scale.asgi_call import (
     StreamCut,
     forwarded,
 )
+from sglang_omni.scale.call_ids import own_id
 from sglang_omni.scale.fleet_answers import (
     FleetAnswers,
+    is_any_replica_read,
     is_fleet_listing,
     is_fleet_metrics,
     never,
 )
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from sglang_omni.scale.rid_pins import RidPins, client_rid, needs_thread
-from sglang_omni.scale.silent_replicas import ReplicaSilent
+from sglang_omni.scale.silent_replicas import TAKEN, UNFENCED, ReplicaSilent
 from sglang_omni.scale.waiting_room import WaitingRoom
 from sglang_omni.serve.bodies.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.wire.http_errors import GENERIC_500, error_response
@@ -113,6 +121,13 @@ PLANNED = re.compile(r"^/(generate|v1/chat/completions)/?$")
 SESSION_LOST = "the replica serving this session exited; Ray Serve is replacing it; reconnect"
 REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
                 "request was in flight; Ray Serve is replacing it; retry the request")
+#: Seconds a fleet read (``/metrics``, ``GET /v1/videos``, ``/v1/queue``) waits for a replica:
+#: with the proxy's hop and the merge, the read answers within 2 s on a loaded host.
+FLEET_READ_S = 1.5
+#: Methods whose calls are not fenced: asking another replica cannot run anything twice.
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: Seconds the gateway waits for its fence's answer before it takes the call as taken.
+FENCE_TIMEOUT_S = 10.0
 #: Seconds a replica's call may bring nothing (not even its keep-alive) before the gateway
 #: takes the replica as frozen (its keep-alive comes every KEEPALIVE_S = 1 s).
 REPLICA_SILENCE_S = 6.0
@@ -143,9 +158,11 @@ class OmniGateway(FleetAnswers):
 
     def __init__(self, replicas: DeploymentHandle, server: ServerSettings, retries: int,
                  replica_count: int, max_waiting: int = 256,
-                 replica_silence_s: float = REPLICA_SILENCE_S) -> None:
+                 replica_silence_s: float = REPLICA_SILENCE_S,
+                 fleet_read_s: float = FLEET_READ_S) -> None:
         self.replicas = replicas
         self.replica_silence_s = replica_silence_s
+        self.fleet_read_s = fleet_read_s
         self.server = server
         self.retries = retries
         self.replica_count = replica_count
@@ -157,6 +174,8 @@ class OmniGateway(FleetAnswers):
         self.body_budget.on_refused = \
             self.metrics.refusals.labels(reason="body_budget").inc
         self.name = _replica_id()
+        self.fence_name = f"sgl-omni-fence-{self.name}"
+        self.fence = call_fence.start(self.fence_name)
 
     def __serve_build_asgi_app__(self) -> Any:
         return _Asgi(self)
@@ -195,6 +214,8 @@ class OmniGateway(FleetAnswers):
             answer = self._list_everywhere(scope, request, send)
         elif is_fleet_metrics(scope):
             answer = self._metrics_everywhere(request, send)
+        elif is_any_replica_read(scope) and fleet_members.current():
+            answer = self._first_answer(scope, request, send)
         else:
             answer = self._relay(scope, request, send, arrived_at, rid)
         await race(answer, _disconnected(receive))  # the relay's failure is raised
@@ -317,6 +338,10 @@ class OmniGateway(FleetAnswers):
         count its deadline from then. ``rid`` (a client's) is pinned to the replica that takes
         it; ``pin`` sends the call to that replica."""
         kwargs: dict[str, Any] = {"exclude": list(tried), "call_id": uuid.uuid4().hex}
+        fenced = scope["method"] not in SAFE_METHODS
+        if fenced and self.fence is not None:
+            kwargs.update(fence=self.fence_name, fence_namespace=self.fence[1],
+                          issued=time.time())
         if pin is not None:
             kwargs["replica"] = pin
         waiting = False
@@ -325,8 +350,8 @@ class OmniGateway(FleetAnswers):
             waiting = self.waiting_room.enter()
             if not waiting:
                 kwargs["may_wait"] = False
-        call = cast(DeploymentResponseGenerator,
-                    self.replicas.options(stream=True).call.remote(request, **kwargs))
+        call = cast(DeploymentResponseGenerator, own_id(
+            lambda: self.replicas.options(stream=True).call.remote(request, **kwargs)))
         started: Message | None = None
         held: _Refused | None = None
         replica: str | None = None
@@ -337,6 +362,9 @@ class OmniGateway(FleetAnswers):
             except ReplicaSilent as exc:  # it never started: another replica is asked
                 if not may_retry(503):
                     raise
+                if fenced and not await self._gave_up(kwargs["call_id"]):
+                    raise ReplicaSilent(exc.replica, self.replica_silence_s, exc.replicas,
+                                        UNFENCED if self.fence is None else TAKEN) from None
                 self.metrics.replica_silences.inc()
                 log.warning("request %s %s: %s", scope["method"], scope["path"], exc)
                 return _Refused(exc.replicas, 503)
@@ -368,6 +396,20 @@ class OmniGateway(FleetAnswers):
                                     or 400 <= status < 500)
             call.cancel()
             routed_calls.forget(kwargs["call_id"])
+
+    async def _gave_up(self, call_id: str) -> bool:
+        """Give up on a fenced call at this gateway's fence: True if no replica took it (and
+        none will), so asking another replica cannot run it twice; False if one took it or the
+        fence does not answer (:mod:`~sglang_omni.scale.call_fence`)."""
+        if self.fence is None:
+            return False
+        try:
+            return bool(await asyncio.wait_for(self.fence[0].give_up.remote(call_id),
+                                               FENCE_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - not known to be given up: not retried
+            log.warning("the gateway's call fence did not answer (%s): call %s is not asked "
+                        "of another replica", exc, call_id)
+            return False
 
     async def _batches(self, call: DeploymentResponseGenerator, replica: str
                        ) -> AsyncIterator[list[Message]]:

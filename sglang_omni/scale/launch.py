@@ -134,12 +134,18 @@ def format_stats(stats: dict[str, Any]) -> str:
             f"generations {gen.get('completed', 0)}; {plan}")
 
 
-def print_replicas(ray_address: str, app_name: str) -> int:
-    """Print one line a replica; exit 1 when there is none or one did not answer."""
+#: Seconds ``sgl-omni replicas`` waits for the replicas' answers (``--timeout-s``).
+REPLICAS_TIMEOUT_S = 2.0
+
+
+def print_replicas(ray_address: str, app_name: str,
+                   timeout_s: float = REPLICAS_TIMEOUT_S) -> int:
+    """Print one line a replica (those that did not answer within ``timeout_s`` named as
+    such); exit 1 when there is none or one did not answer."""
     check_token_auth(ray_address)
     ray.init(address=ray_address, namespace=SERVE_NAMESPACE, logging_level=logging.WARNING)
     try:
-        answers, silent = poll_replicas(app_name)
+        answers, silent = poll_replicas(app_name, timeout_s)
     finally:
         ray.shutdown()
     if not answers and not silent:

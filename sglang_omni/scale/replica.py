@@ -34,6 +34,7 @@ from sglang_omni.scale.asgi_call import (
     websocket_scope,
     with_keepalive,
 )
+from sglang_omni.scale.call_fence import FenceClient
 from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
 from sglang_omni.serve.app import create_app
@@ -75,6 +76,7 @@ class OmniReplica:
         self.id, node = _replica_identity()
         self.stats = ReplicaStats(self.orchestrator, self.id, node)
         self._sessions: dict[str, asyncio.Queue[Message]] = {}  # relayed WebSocket sessions
+        self._fence = FenceClient()
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = \
             self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
@@ -86,8 +88,9 @@ class OmniReplica:
 
     async def call(self, request: dict[str, Any], exclude: list[str] | None = None,
                    arrived_at: float | None = None, may_wait: bool = True,
-                   replica: str | None = None, call_id: str | None = None
-                   ) -> AsyncIterator[str | list[Message]]:
+                   replica: str | None = None, call_id: str | None = None,
+                   fence: str | None = None, fence_namespace: str = "serve",
+                   issued: float | None = None) -> AsyncIterator[str | list[Message]]:
         """Serve one forwarded request: yield this replica's id, then the app's ASGI messages
         in batches (:data:`~sglang_omni.scale.asgi_call.KEEPALIVE` after each second that
         brought none, so the gateway tells a slow answer from a frozen replica), then
@@ -96,10 +99,22 @@ class OmniReplica:
         pinned to), not used here; ``call_id`` (the gateway's id of this call) is listed in
         the routing stats while the call runs;
         ``arrived_at`` (wall clock) is when a planned request reached the gateway: its
-        deadline counts from then (:mod:`~sglang_omni.serve.chat.fleet_queue`)."""
+        deadline counts from then (:mod:`~sglang_omni.serve.chat.fleet_queue`).
+        ``fence`` (a call that changes state: the name of its gateway's fence actor, in
+        ``fence_namespace``; ``issued``, the call's wall-clock time at the gateway): the call
+        runs only if this replica claims it there before the gateway gave up on it
+        (:mod:`~sglang_omni.scale.call_fence`); otherwise it ends with nothing."""
         path = request["path"]
         planned = arrived_at is not None
-        # before the first yield: the stats count it from now
+        if fence is not None and call_id is not None and not await self._fence.claim(
+                fence, fence_namespace, call_id, time.time() if issued is None else issued):
+            self.stats.fenced += 1
+            log.warning("call %s (%s %s) not run: its gateway gave up on it (this replica did "
+                        "not answer it in time) and asked another replica", call_id,
+                        request["method"], path)
+            return
+        # claimed, before the first yield: the stats count it from now (a call they list is
+        # one the app is about to take, so the planner's quote soon counts it too)
         self.stats.started(path, call_id, planned)
         scope = http_scope(request)
         if arrived_at is not None:

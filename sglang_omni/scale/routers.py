@@ -25,7 +25,7 @@ from typing import Any
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from sglang_omni.scale import routed_calls, silent_replicas
+from sglang_omni.scale import fleet_members, routed_calls, silent_replicas
 from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
 
 #: Seconds after which the router forgets a call (a replica whose stats stopped coming).
@@ -36,6 +36,14 @@ UNSENT_S = 10.0
 #: take to reach its replica; one chosen this long before the replica recorded its stats is
 #: taken as in them.
 TRANSIT_S = 0.1
+
+
+def heard(stats: dict[str, Any]) -> None:
+    """Tell :mod:`~sglang_omni.scale.silent_replicas` when each replica last recorded its stats
+    (a replica marked silent that records them again is running again)."""
+    for key, st in stats.items():
+        if st and st.get("at") is not None:
+            silent_replicas.heard_from(key, float(st["at"]))
 
 
 def excluded(pending: PendingRequest | None) -> frozenset[str]:
@@ -92,6 +100,17 @@ def call_id(pending: PendingRequest | None) -> str | None:
     return None if value is None else str(value)
 
 
+def first_only(by_id: dict[str, RunningReplica], order: list[str]
+               ) -> list[list[RunningReplica]]:
+    """A router's answer: the first replica of ``order`` alone. Ray takes the first group it
+    can send to: given more, it falls through to the next when it cannot reach the first in
+    time (a probe of its queue timed out on a loaded host), so the call would go to a replica
+    the router's note (:func:`noted`) does not name, and a gateway that found that call silent
+    would mark and exclude the wrong replica (its retry then went back to the frozen one).
+    With one, Ray asks the router again (after a backoff) instead."""
+    return [[by_id[order[0]]]] if order else []
+
+
 def _by_id(replicas: list[RunningReplica]) -> dict[str, RunningReplica]:
     return {r.replica_id.unique_id: r for r in replicas}
 
@@ -103,7 +122,15 @@ def _backoff(pending: PendingRequest | None) -> None:
         pending.routing_context.should_backoff = True
 
 
-class DeadlineRouter(RequestRouter):
+class _Members:
+    """Tells :mod:`~sglang_omni.scale.fleet_members` each replica set Ray gives the router."""
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        fleet_members.seen(r.replica_id.unique_id for r in replicas)
+        super().update_replicas(replicas)  # type: ignore[misc]
+
+
+class DeadlineRouter(_Members, RequestRouter):
     """Send each request to the replica whose plan admits it earliest (see ranking).
 
     The router keeps, per replica, when each request it routed there was sent and when it
@@ -203,6 +230,7 @@ class DeadlineRouter(RequestRouter):
         by_id = _by_id(candidate_replicas)
         now = time.time()
         stats = {k: r.routing_stats for k, r in by_id.items()}
+        heard(stats)
         since = {k: self._since(k, stats[k], now) for k in by_id}
         for gone in set(self._calls) - set(by_id):
             for rid in self._calls.pop(gone):
@@ -217,7 +245,7 @@ class DeadlineRouter(RequestRouter):
         if order and pending_request is not None:
             self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False,
                        pending=pending_request)
-        return noted(pending_request, [[by_id[k]] for k in order])
+        return noted(pending_request, first_only(by_id, order))
 
 
 @dataclass
@@ -235,7 +263,7 @@ class _Call:
     listed: bool = False
 
 
-class RoundRobinRouter(RequestRouter):
+class RoundRobinRouter(_Members, RequestRouter):
     """Each request to the next replica in turn (healthy ones first), for comparison."""
 
     def initialize_state(self, **kwargs: Any) -> None:
@@ -249,15 +277,16 @@ class RoundRobinRouter(RequestRouter):
         _backoff(pending_request)
         by_id = _by_id(candidate_replicas)
         stats = {k: r.routing_stats for k, r in by_id.items()}
+        heard(stats)
         order = rotation(sorted(by_id), next(self._turn), excluded(pending_request), stats)
-        return noted(pending_request, [[by_id[k]] for k in order])
+        return noted(pending_request, first_only(by_id, order))
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
         note_routed(pending_request, replica_id)
 
 
-class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
+class PowerOfTwoRouter(_Members, PowerOfTwoChoicesRequestRouter):
     """Ray's default router (power of two choices on requests in flight) over the replicas not
     excluded (unless all are), pinned calls aside."""
 

@@ -90,7 +90,9 @@ class ScaleOptions:
     recover) or does not answer within ``health_check_timeout_s`` three times in a row (a frozen
     process, a blocked event loop) is replaced; long before, a gateway fails a request whose
     replica's call brought nothing (not even its keep-alive) for ``replica_silence_s`` and
-    passes that replica over."""
+    passes that replica over. A fleet read (``GET /metrics``, ``GET /v1/videos``,
+    ``GET /v1/queue``) waits at most ``fleet_read_s`` for each replica and names those that did
+    not answer."""
 
     replicas: int = 2
     router: str = "deadline"
@@ -103,6 +105,7 @@ class ScaleOptions:
     health_check_period_s: float = 2.0
     health_check_timeout_s: float = 10.0
     replica_silence_s: float = 6.0
+    fleet_read_s: float = 1.5
     app_name: str = "omni"
 
     def __post_init__(self) -> None:
@@ -120,7 +123,8 @@ class ScaleOptions:
                               f"{self.max_wait_s}")
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting: expected 0 or more, got {self.max_waiting}")
-        for name in ("health_check_period_s", "health_check_timeout_s", "replica_silence_s"):
+        for name in ("health_check_period_s", "health_check_timeout_s", "replica_silence_s",
+                     "fleet_read_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name}: expected a positive number of seconds, got {value}")

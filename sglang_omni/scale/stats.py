@@ -60,6 +60,7 @@ class ReplicaStats:
         self.planned_in_flight = 0
         self.calls: set[str] = set()
         self.received = 0
+        self.fenced = 0  # calls not run: their gateway had given up on them (call_fence)
         self.answers: Counter[str] = Counter()
         self.busy_s = self.queued_s = self.idle_queued_s = 0.0
         self._sampler: asyncio.Task[None] | None = None
@@ -110,7 +111,7 @@ class ReplicaStats:
             "stage_jobs": sum(h.open_jobs for h in orch.stages.handles.values()),
             "max_active": max_active, "quote": quote, "answers": dict(self.answers),
             "received": self.received, "busy_s": self.busy_s, "queued_s": self.queued_s,
-            "idle_queued_s": self.idle_queued_s,
+            "idle_queued_s": self.idle_queued_s, "fenced": self.fenced,
         }
 
     # --- the generation stage's busy and idle time ------------------------------------------

@@ -51,6 +51,12 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
     victim = before[first]
     mine = Call(fleet.url, held(60), stream=True)
     wait_in_flight(fleet, [1, 0])
+    # Its answer has started (a call the replica took but had not answered when it froze is
+    # not asked elsewhere either: it fails with 500 at once, test_fleet_freeze_retry).
+    deadline = time.monotonic() + 30
+    while mine.status is None:
+        assert time.monotonic() < deadline, "the stream's answer never started"
+        time.sleep(0.05)
     frozen_process = psutil.Process(victim["pid"])  # never a later process given its pid
     stages = processes([stage["pid"] for stage in victim["stages"].values()])
     frozen_process.send_signal(signal.SIGSTOP)

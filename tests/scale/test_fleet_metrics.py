@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_omni.scale.fleet_metrics import labelled, merge
+from sglang_omni.scale.fleet_metrics import GATEWAY_LABEL, labelled, merge, replica_up
 from sglang_omni.scale.gateway_metrics import GatewayMetrics
 from tests.metrics.kit import SCALING_OUT, table
 
@@ -74,6 +74,9 @@ def test_the_scaling_out_page_documents_each_gateway_metric_as_exposed() -> None
         name = family.name + ("_total" if family.type == "counter" else "")
         labels = {k for s in family.samples for k in s.labels}
         exposed[name] = (family.type, tuple(sorted(labels)))
+    for family in text_string_to_metric_families(replica_up("g", ["a"], ["b"])):
+        labels = {k for s in family.samples for k in s.labels} - {GATEWAY_LABEL}
+        exposed[family.name] = (family.type, tuple(sorted(labels)))
     documented = {name: (kind, tuple(sorted(labels)))
                   for name, (kind, labels) in table(SCALING_OUT).items()}
     assert documented == exposed

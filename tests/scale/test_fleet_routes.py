@@ -162,7 +162,8 @@ def test_health_and_metrics_have_the_shape_of_one_server(fleet: Fleet, single: S
                                      "sgl_omni_gateway_retries_total",
                                      "sgl_omni_gateway_refusals_total",
                                      "sgl_omni_gateway_replica_exits_total",
-                                     "sgl_omni_gateway_replica_silences_total"}
+                                     "sgl_omni_gateway_replica_silences_total",
+                                     "sgl_omni_gateway_replica_up"}
     # every replica's series, each labelled with its replica (a scrape reads the whole fleet),
     # then the gateway's own, labelled with the gateway
     samples = [line for line in got[2].splitlines() if line and not line.startswith("#")]

@@ -6,6 +6,7 @@ gateway's process pass that replica over from then on."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -16,8 +17,10 @@ pytest.importorskip("ray")
 from sglang_omni.config.server import ServerSettings  # noqa: E402
 from sglang_omni.scale import silent_replicas  # noqa: E402
 from sglang_omni.scale.asgi_call import KEEPALIVE, STREAM_END  # noqa: E402
+from sglang_omni.scale.call_fence import CallFence  # noqa: E402
 from sglang_omni.scale.gateway import OmniGateway, ReplicaSilent  # noqa: E402
 from sglang_omni.scale.routers import excluded  # noqa: E402
+from sglang_omni.scale.silent_replicas import TAKEN, UNFENCED, not_retried  # noqa: E402
 
 SILENCE_S = 0.3
 ANSWER = [{"type": "http.response.start", "status": 200, "headers": []},
@@ -121,9 +124,29 @@ class ScriptedHandle:
         return call
 
 
-def relay_through(handle: ScriptedHandle, retries: int) -> list[dict[str, Any]]:
+class LocalFence:
+    """The gateway's fence actor, in-process: ``give_up.remote`` answers as the actor would;
+    ``claimed`` are the calls a replica claims as soon as they are made."""
+
+    def __init__(self, claim_all: bool = False) -> None:
+        self.fence = CallFence()
+        self.claim_all = claim_all
+
+    @property
+    def give_up(self) -> LocalFence:
+        return self
+
+    async def remote(self, token: str) -> bool:
+        if self.claim_all:
+            self.fence.claim(token, time.time())
+        return self.fence.give_up(token)
+
+
+def relay_through(handle: ScriptedHandle, retries: int, fence: LocalFence | None = None
+                  ) -> list[dict[str, Any]]:
     gw = OmniGateway(handle, ServerSettings(), retries=retries,  # type: ignore[arg-type]
                      replica_count=2, replica_silence_s=SILENCE_S)
+    gw.fence = (fence, "serve") if fence is not None else None
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -139,10 +162,24 @@ def test_a_call_sent_to_a_replica_that_never_replies_is_asked_of_another() -> No
     served = ScriptedCall(["replica-b", ANSWER, STREAM_END], gap_s=0.0)
     handle = ScriptedHandle([("frozen2", frozen), ("replica-b", served)])
     began = time.monotonic()
-    assert relay_through(handle, retries=1) == ANSWER
+    assert relay_through(handle, retries=1, fence=LocalFence()) == ANSWER
     assert SILENCE_S <= time.monotonic() - began < 5
     assert handle.kwargs[1]["exclude"] == ["frozen2"]  # the retry avoids it
+    assert handle.kwargs[0]["fence"] == handle.kwargs[1]["fence"]  # each call fenced
+    assert handle.kwargs[0]["call_id"] != handle.kwargs[1]["call_id"]
     assert "frozen2" in silent_replicas.silent()
+
+
+@pytest.mark.parametrize("fence", [LocalFence(claim_all=True), None],
+                         ids=["the replica took it", "no fence"])
+def test_a_silent_call_that_may_run_is_not_asked_of_another(fence: LocalFence | None) -> None:
+    frozen = ScriptedCall([], gap_s=0.0, hang=True)
+    handle = ScriptedHandle([("frozen4", frozen)])
+    sent = relay_through(handle, retries=1, fence=fence)
+    assert sent[0]["status"] == 500 and len(handle.kwargs) == 1
+    why = TAKEN if fence is not None else UNFENCED
+    assert json.loads(sent[1]["body"])["error"]["message"] == not_retried("frozen4", SILENCE_S,
+                                                                          why)
 
 
 def test_with_no_retry_left_the_silence_is_the_answer() -> None:
@@ -159,3 +196,12 @@ def test_a_request_the_router_holds_is_not_silence() -> None:
     handle = ScriptedHandle([(None, held)])
     assert relay_through(handle, retries=0) == ANSWER
     assert "replica-c" not in silent_replicas.silent()
+
+
+def test_a_silent_replica_is_taken_back_once_it_records_its_stats_again() -> None:
+    silent_replicas.mark("thawed")
+    marked = time.time()
+    silent_replicas.heard_from("thawed", marked - 5)  # its stats from before the freeze
+    assert "thawed" in excluded(None)
+    silent_replicas.heard_from("thawed", marked + 0.5)  # recorded after the mark: it runs
+    assert "thawed" not in excluded(None)

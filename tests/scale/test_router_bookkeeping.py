@@ -92,3 +92,17 @@ def test_a_call_the_stats_listed_and_dropped_is_forgotten_though_its_end_never_c
     assert first_choices(router, [a, b]) == {"b"}  # listed: the stats count it
     a.routing_stats.update(calls=[], in_flight=0, at=time.time())  # over; no completion came
     assert first_choices(router, [a, b]) == {"a", "b"}
+
+
+def test_the_router_answers_one_replica_the_excluded_ones_left_out() -> None:
+    # Given more groups, Ray falls through to the next when it cannot probe the first in time,
+    # sending the call somewhere the gateway's note does not name: one replica, or none.
+    router = new_router()
+    now = time.time()
+    replicas = [replica(k, now) for k in ("r1", "r2", "r3")]
+    for _ in range(10):
+        pending = call("req", exclude=["r1"])
+        pending.routing_context = SimpleNamespace(should_backoff=False)
+        order = asyncio.run(router.choose_replicas(replicas, pending))
+        assert len(order) == 1 and len(order[0]) == 1
+        assert order[0][0].replica_id.unique_id in ("r2", "r3")
