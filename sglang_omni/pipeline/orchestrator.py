@@ -36,7 +36,6 @@ from sglang_omni.media import MediaPolicy
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
-from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
@@ -114,7 +113,6 @@ class Orchestrator:
                 self.pipeline.max_generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
                     self.limits.max_dispatches),
-                largest_output_for=self.pipeline.largest_output_bytes,
                 planned=self.scheduler.allowance)
 
     async def start(self) -> None:
@@ -236,7 +234,6 @@ class Orchestrator:
         handle = self.stages[stage]
         state = self.states.get(rid)
         progress = (state.progress if state is not None else None) or RunProgress()
-        later = state.later if state is not None else set()
         observer = self.observer
         called = time.monotonic()
 
@@ -260,7 +257,7 @@ class Orchestrator:
                     on_progress(chunk)
 
                 started = time.monotonic()
-                result = await call_until_early(handle, rid, payload, frames, on_chunk, later)
+                result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
                 observer.generation(modality, time.monotonic() - started)
                 return timed(result, started)
 
@@ -343,8 +340,6 @@ class Orchestrator:
         try:
             if state.run is not None:
                 state.run.close()
-            for job in state.later:
-                job.cancel()  # its stage call aborts the job
             if state.media is not None:
                 state.media.close()
             if rid is not None and (state.run is not None or state.on_reasoner):
