@@ -60,3 +60,23 @@ def test_a_dropped_encode_ends_its_thread_and_a_cancelled_job_stops_it() -> None
             await mp4.result()
 
     asyncio.run(cancelled())
+
+
+def test_the_tune_is_a_generation_setting_beside_the_preset() -> None:
+    """``--generation.factory.x264_tune`` reaches the engine's encoding (zerolatency by
+    default); a tune x264 does not have is refused at load, naming the key."""
+    from sglang_omni.config import load_config, parse_overrides
+    from sglang_omni.engines.encoding_settings import video_encoding
+    from sglang_omni.errors import ConfigError
+
+    def encoding(*flags: str) -> VideoEncoding:
+        config = load_config("configs/cpu-scripted.yaml", parse_overrides(list(flags)),
+                             visible_gpus=0)
+        return video_encoding(config.stage("generation").factory)
+
+    assert encoding() == VideoEncoding("medium", 8, "zerolatency")
+    assert encoding("--generation.factory.x264_tune", "none").tune == "none"
+    with pytest.raises(ConfigError, match="x264_tune"):
+        encoding("--generation.factory.x264_tune", "ludicrous")
+    assert VideoEncoding(tune="none").x264_options().get("tune") is None
+    assert VideoEncoding().x264_options()["tune"] == "zerolatency"
