@@ -32,11 +32,6 @@ FRAME_SCHEME = "omni-frame://"
 #: The spans an engine may report for a job (``Job.timed``): the Reasoner's media preparation,
 #: prefill and decode; a generation's denoising, VAE decode and media encoding.
 ENGINE_SPANS = ("media", "prefill", "decode", "denoise", "vae_decode", "encode")
-#: A chunk ``{EARLY_RESULT: payload}`` (its frames beside it) is a job's early result: what the
-#: next dispatch may use at once, before the job's final result (see ``Job.send_early``).
-EARLY_RESULT = "early_result"
-#: The key under which the stage handle hands a chunk's frames to its callback.
-CHUNK_FRAMES = "frames"
 #: Native chat request fields Omni sets from the request itself; refused under stage_params.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 
@@ -54,9 +49,7 @@ def refuse_omni_owned(where: str, names: Iterable[str]) -> None:
 @dataclass
 class Job:
     """One request as an engine sees it. ``emit`` is thread-safe and keeps chunk order;
-    ``progress`` (thread-safe, cheap) says the engine is still moving on this job;
-    ``emit_frames`` (None where the transport carries no frames in chunks) is ``emit`` with
-    frames beside the chunk."""
+    ``progress`` (thread-safe, cheap) says the engine is still moving on this job."""
 
     rid: str
     payload: Mapping[str, Any]
@@ -76,17 +69,6 @@ class Job:
             yield
         finally:
             self.spans[span] = self.spans.get(span, 0.0) + time.perf_counter() - started
-    emit_frames: Callable[[dict[str, Any], Frames], None] | None = None
-
-    def send_early(self, result: StageResult) -> bool:
-        """Send ``result`` now as this job's early result, with the job's spans so far; the job
-        still returns its final result. False (nothing sent) where the transport takes no early
-        result."""
-        if self.emit_frames is None:
-            return False
-        self.emit_frames({EARLY_RESULT: dict(result.payload), "spans": dict(self.spans)},
-                         list(result.frames))
-        return True
 
     def frame_for(self, url: str) -> bytes | bytearray | None:
         """The inline bytes an ``omni-frame://N`` url names, or None for other urls."""

@@ -70,15 +70,12 @@ class TextChunk(TypedDict):
 class GenerationPayload(TypedDict, total=False):
     """One generation. ``modality`` ``image`` or ``video`` takes ``prompt`` and ``options``
     (``stage_params.generation``); ``action`` (direct generation only) takes ``request``, the
-    native action route's JSON body. ``early_video``: send a quick copy of a video as the
-    job's early result before the client's MP4 (``engines.video_delivery``; backends that write
-    their own MP4, such as native, ignore it)."""
+    native action route's JSON body."""
 
     modality: Required[str]
     prompt: str
     options: dict[str, Any]
     request: dict[str, Any]
-    early_video: bool
 
 
 class MediaItem(TypedDict):

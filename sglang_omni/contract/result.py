@@ -8,7 +8,7 @@ not run.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +27,7 @@ class StageResult:
     stage handle has it). ``receipt``: set
     when the dispatch was not run (the deadline plan no longer allows the generation); payload
     and frames are then empty, and the adapter should tell the Reasoner ``receipt`` and ask for
-    the final answer. ``later``: set (in the server process) when this is an early result
-    (``contract.job.EARLY_RESULT``): the job goes on, and ``later`` gives its final result;
-    whoever receives it awaits or cancels it.
+    the final answer.
     """
 
     payload: Mapping[str, Any]
@@ -38,4 +36,3 @@ class StageResult:
     stage: str = ""
     receipt: str | None = None
     spans: Mapping[str, float] = field(default_factory=dict)
-    later: Awaitable[StageResult] | None = None

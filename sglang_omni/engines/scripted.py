@@ -39,8 +39,9 @@ hung GPU does), ``!error`` (the engine raises an unexpected exception: an engine
 and ``!size=N`` (media padded with trailing zeros to N bytes, for
 benchmarks); anywhere in the prompt, ``!abort-delay=S`` makes an aborted generation take S more
 seconds to end (as a native engine finishes its current step), and ``!encode-delay=S`` makes a
-video's MP4 for the client take S more seconds (after the Reasoner's copy, when the payload asks
-for one: ``engines.video_delivery``). Direct generation's actions
+video's MP4 take S more seconds after its last frame (as a slow x264 would). A video's frames
+are drawn one VAE-sized chunk at a time and encoded as they come (``engines.video_delivery``),
+as the hf backend encodes its VAE's chunks. Direct generation's actions
 (``modality`` ``action``, the native action route's body in ``request``) are checked as the
 native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
 (16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
@@ -88,11 +89,11 @@ from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.engines.synth_media import frame_pixels
-from sglang_omni.engines.video_delivery import encode_progress, encode_video
+from sglang_omni.engines.video_delivery import StreamingMp4, encode_progress
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
 from sglang_omni.media import MediaPolicy, RequestMediaDir
 from sglang_omni.media.content_parts import iter_content_parts, text_of
-from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
+from sglang_omni.media.encode import VideoEncoding, encode_png
 from sglang_omni.media.gather import load_all
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.media.types import INLINE_LIMIT
@@ -325,7 +326,9 @@ DIRECTIVE_RE = re.compile(
     r"^\s*!(no-media|crash|oversize|extra|malformed|hang|error|oom|sleep=([0-9.]+)|size=([0-9]+))")
 ABORT_DELAY_RE = re.compile(r"!abort-delay=([0-9.]+)")
 ENCODE_DELAY_RE = re.compile(r"!encode-delay=([0-9.]+)")
-READER_DELAY_RE = re.compile(r"!reader-delay=([0-9.]+)")
+#: Frames the scripted generator draws at a time after the first (Cosmos3's VAE: 4 frames for
+#: each latent frame after the first, which gives 1).
+VAE_CHUNK_FRAMES = 4
 
 
 def _int_option(options: dict[str, Any], key: str, default: int) -> int:
@@ -413,28 +416,8 @@ class ScriptedGenerator:
             return StageResult(MediaResult(media=[], reason=reason))
         if modality == "video":
             mime = "video/mp4"
-            encoding = self.encoding.with_preset(options.get("x264_preset"))
-            progress = encode_progress(job)
-
-            def make_pixels() -> list[Any]:
-                out = []
-                for index in range(frames):
-                    out.append(frame_pixels(prompt, seed, width, height, index))
-                    progress()  # the simulated VAE decode, a frame at a time
-                return out
-
-            pixels = await asyncio.to_thread(make_pixels)
-
-            async def encode(how: VideoEncoding, for_reader: bool) -> bytes:
-                delay = (READER_DELAY_RE if for_reader else ENCODE_DELAY_RE).search(prompt)
-                if delay:  # a slow x264 for this copy
-                    log.info("request %s: %s: %s takes %s s more", job.rid, delay.group(0),
-                             "the Reasoner's copy" if for_reader else "the MP4", delay.group(1))
-                    await asyncio.sleep(float(delay.group(1)))
-                return await asyncio.to_thread(encode_mp4, pixels, fps, encoding=how,
-                                               progress=progress)
-
-            data = await encode_video(job, encode, encoding)
+            data = await self._video(job, prompt, seed, width, height, frames, fps,
+                                     self.encoding.with_preset(options.get("x264_preset")))
         else:
             mime = "image/png"
             with job.timed("encode"):  # the pixels are made and encoded together
@@ -452,6 +435,36 @@ class ScriptedGenerator:
             items.append({"kind": modality, "mime_type": mime, "frame": 1})
             media_frames.append(data)
         return StageResult(MediaResult(media=items, reason=None), media_frames)
+
+    async def _video(self, job: Job, prompt: str, seed: int, width: int, height: int,
+                     frames: int, fps: int, encoding: VideoEncoding) -> bytes:
+        """The video's MP4: its frames drawn one chunk at a time (1 frame, then 4 a chunk, as
+        Cosmos3's causal VAE decodes them), each chunk encoded as soon as it is drawn."""
+        progress = encode_progress(job)
+        mp4 = StreamingMp4(job, width, height, fps, encoding)
+
+        def draw() -> None:
+            index = 0
+            while index < frames:
+                size = 1 if index == 0 else VAE_CHUNK_FRAMES
+                chunk = []
+                for at in range(index, min(frames, index + size)):
+                    chunk.append(frame_pixels(prompt, seed, width, height, at))
+                    progress()  # the simulated VAE decode, a frame at a time
+                mp4.add(chunk)
+                index += size
+
+        try:
+            await asyncio.to_thread(draw)
+            mp4.finish()
+            delay = ENCODE_DELAY_RE.search(prompt)
+            if delay:  # a slow x264: the MP4 is done S seconds after its last frame
+                log.info("request %s: %s: the MP4 takes %s s more", job.rid, delay.group(0),
+                         delay.group(1))
+                await asyncio.sleep(float(delay.group(1)))
+            return await mp4.result()
+        finally:
+            mp4.abandon()  # a no-op once the MP4 is done
 
 
 # --- Actions (direct generation) ---------------------------------------------------------------

@@ -1,35 +1,30 @@
-"""A generated video's two encodes: the client's MP4 and, beside it, the Reasoner's quick copy.
+"""A generated video's one MP4, encoded as its frames are made.
 
-A generation job whose payload sets ``early_video`` (the interleaved adapter does) encodes the
-frames twice at once: the client's MP4 at the request's encoding (the job's result), and a quick
-copy (x264 at ``media.encode.READER_PRESET``, the same threads) sent as the job's early result
-the moment it is ready, so the next Reasoner turn can start while the client's MP4 is still
-being encoded. The client's encode does not wait for the copy's; the job's result waits for the
-copy to be sent (normally long done, the copy being the quicker encode), so the Reasoner reads
-the copy whatever the timing: the same request gives the Reasoner the same bytes. Where the
-client's encoding is itself that quick, or the transport takes no early result, no copy is made
-and the Reasoner reads the client's MP4.
+An engine hands each batch of frames to a :class:`StreamingMp4` as soon as it exists (the hf
+backend: each temporal chunk the VAE decodes; the scripted one: its frames as it draws them);
+a worker thread owned by the ``StreamingMp4`` encodes them meanwhile (``media.encode.Mp4Encoder``),
+so with x264's ``zerolatency`` tune the MP4 is done about when its last frame is. That MP4 is the
+only one: its bytes go to the client and are what the next Reasoner turn reads.
 
 Every encode reports progress on its job (``encode_progress``: each frame taken in, each packet
 written), so a long encode (a slow x264 preset, a long video) is never taken for a hung engine,
-and it stops at its next frame once the job is cancelled. An engine that makes its frames one by
-one can feed a ``media.encode.Mp4Encoder`` as they come, with the same ``encode_progress``.
+and it stops at its next frame once the job is cancelled. The job's ``encode`` span is the time
+from the last frame handed in to the MP4's bytes (what the encode adds to the generation; the
+encoding done while frames were still being made lies within the spans of whatever made them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import queue
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from sglang_omni.contract.job import Job
-from sglang_omni.contract.payloads import MediaResult
-from sglang_omni.contract.result import StageResult
-from sglang_omni.media.encode import READER_PRESET, Progress, VideoEncoding
-
-#: ``encode(encoding, for_reader)``: the MP4 of the job's frames at ``encoding``, off the event
-#: loop; ``for_reader`` says it is the Reasoner's copy (engines may treat it apart).
-Encoder = Callable[[VideoEncoding, bool], Awaitable[bytes]]
+from sglang_omni.media.encode import Mp4Encoder, Progress, VideoEncoding
 
 
 class EncodeCancelled(Exception):
@@ -49,38 +44,80 @@ def encode_progress(job: Job) -> Progress:
     return progress
 
 
-def wants_reader_copy(job: Job, encoding: VideoEncoding) -> bool:
-    """Whether ``job`` asks for an early video and a quicker encode than ``encoding`` exists."""
-    return job.payload.get("early_video") is True and job.emit_frames is not None \
-        and encoding.slower_than(READER_PRESET)
+_ABANDON = object()
 
 
-async def encode_video(job: Job, encode: Encoder, encoding: VideoEncoding) -> bytes:
-    """The client's MP4 (``encode(encoding, False)``); where the job wants one
-    (``wants_reader_copy``), the Reasoner's copy encoded beside it and sent as the early result
-    as soon as it is ready (before this returns, whichever encode ends first). The ``encode``
-    span is the wall time of both together. Cancelling it cancels both; an error in either fails
-    it."""
-    started = time.perf_counter()
-    before = job.spans.get("encode", 0.0)
+class StreamingMp4:
+    """One MP4 encoded on its own worker thread while its frames are handed in.
 
-    def spent() -> None:
-        job.spans["encode"] = before + time.perf_counter() - started
+    ``add(frames)`` (from any one thread, in order) queues a batch of frames; ``prepare`` turns
+    each batch into RGB uint8 frames on the worker (default: the batch is already such frames,
+    an iterable of (height, width, 3) arrays the caller no longer changes). ``finish(sound)``
+    says no frame follows (``sound`` as ``Mp4Encoder.finish`` takes it); ``await result()``
+    gives the MP4's bytes and adds the time from ``finish`` to them to the job's ``encode``
+    span. ``abandon()`` drops the encode (safe at any time, and after ``result``); the worker
+    ends after the frame it is encoding. Every ``StreamingMp4`` must end in ``result`` or
+    ``abandon`` (``result`` abandons when it is cancelled or fails), so its thread always ends.
+    """
 
-    client = asyncio.ensure_future(encode(encoding, False))
-    reader = asyncio.ensure_future(encode(VideoEncoding(READER_PRESET, encoding.threads), True)) \
-        if wants_reader_copy(job, encoding) else None
-    try:
-        if reader is not None:
-            data = await reader
-            spent()
-            job.send_early(StageResult(MediaResult(
-                media=[{"kind": "video", "mime_type": "video/mp4", "frame": 0}],
-                reason=None), [data]))
-        return await client
-    finally:
-        pending = [task for task in (client, reader) if task is not None and not task.done()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        spent()
+    def __init__(self, job: Job, width: int, height: int, fps: int, encoding: VideoEncoding,
+                 *, sample_rate: int | None = None, sound_channels: int = 1,
+                 prepare: Callable[[Any], Iterable[Any]] | None = None) -> None:
+        self.job = job
+        self.frames = 0  # handed in so far (batches' lengths)
+        self._prepare = prepare or (lambda batch: batch)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._done: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+        self._finished_at: float | None = None
+        self._encoder_args = (width, height, fps, encoding, sample_rate, sound_channels)
+        self._thread = threading.Thread(target=self._work, name=f"mp4-{job.rid}", daemon=True)
+        self._thread.start()
+
+    def add(self, frames: Any) -> None:
+        """Queue the next batch of frames (a no-op once the encode failed or was dropped)."""
+        self.frames += len(frames)
+        self._queue.put(("frames", frames))
+
+    def finish(self, sound: Any = None) -> None:
+        """No more frames: the worker flushes x264 and closes the MP4 (with ``sound``)."""
+        self._finished_at = time.perf_counter()
+        self._queue.put(("finish", sound))
+
+    def abandon(self) -> None:
+        """Drop the encode: the worker stops after its current frame and frees x264."""
+        self._queue.put(_ABANDON)
+
+    async def result(self) -> bytes:
+        """The MP4's bytes once ``finish`` was called and x264 is done; cancelling it (or a
+        failed encode) abandons the encode. Adds the wait after ``finish`` to ``encode``."""
+        try:
+            data = await asyncio.wrap_future(self._done)
+        except BaseException:
+            self.abandon()
+            raise
+        finally:
+            if self._finished_at is not None:
+                spans = self.job.spans
+                spans["encode"] = spans.get("encode", 0.0) + \
+                    time.perf_counter() - self._finished_at
+        return data
+
+    def _work(self) -> None:
+        width, height, fps, encoding, rate, channels = self._encoder_args
+        try:
+            with Mp4Encoder(width, height, fps, encoding, sample_rate=rate,
+                            sound_channels=channels,
+                            progress=encode_progress(self.job)) as encoder:
+                while True:
+                    item = self._queue.get()
+                    if item is _ABANDON:
+                        raise EncodeCancelled(f"request {self.job.rid}: video encode dropped")
+                    what, value = item
+                    if what == "finish":
+                        self._done.set_result(encoder.finish(value))
+                        return
+                    for pixels in self._prepare(value):
+                        encoder.add(pixels)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the result
+            if not self._done.done():
+                self._done.set_exception(exc)

@@ -36,7 +36,6 @@ from sglang_omni.media import MediaPolicy
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
-from sglang_omni.pipeline.early_results import call_until_early
 from sglang_omni.pipeline.media_budget import MediaBudget, worst_case_bytes
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
@@ -119,7 +118,6 @@ class Orchestrator:
                 self.pipeline.adapter_cls, self.limits, self._call, generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
                     self.limits.max_dispatches),
-                largest_output_for=self.pipeline.largest_output_bytes,
                 planned=self.scheduler.allowance)
 
     async def start(self) -> None:
@@ -245,7 +243,6 @@ class Orchestrator:
         handle = self.stages[stage]
         state = self.states.get(rid)
         progress = (state.progress if state is not None else None) or RunProgress()
-        later = state.later if state is not None else set()
         observer = self.observer
         called = time.monotonic()
 
@@ -269,7 +266,7 @@ class Orchestrator:
                     on_progress(chunk)
 
                 started = time.monotonic()
-                result = await call_until_early(handle, rid, payload, frames, on_chunk, later)
+                result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
                 observer.generation(modality, time.monotonic() - started)
                 return timed(result, started)
 
@@ -361,8 +358,6 @@ class Orchestrator:
         try:
             if state.run is not None:
                 state.run.close()
-            for job in state.later:
-                job.cancel()  # its stage call aborts the job
             if state.media is not None:
                 state.media.close()
             if state.media_hold is not None:

@@ -24,7 +24,6 @@ from sglang_omni.aio.race import to_the_end
 from sglang_omni.errors import OmniError
 
 if TYPE_CHECKING:
-    from sglang_omni.contract.result import StageResult
     from sglang_omni.pipeline.chat_admission import AdmissionTicket
     from sglang_omni.pipeline.media_budget import MediaReservation
     from sglang_omni.pipeline.progress import RunProgress
@@ -63,8 +62,7 @@ class RequestState:
         #: The text-chat admission ticket.
         self.ticket: AdmissionTicket | None = None
         #: The interleaved run, its place in the deadline plan, its progress events, its doom
-        #: (a dead stage or shutdown), its media as its Reasoner turns send them, and the jobs
-        #: still finishing after their early result (a client's MP4 being encoded).
+        #: (a dead stage or shutdown), and its media as its Reasoner turns send them.
         self.run: UMMRun | None = None
         self.plan: PlanEntry | None = None
         self.progress: RunProgress | None = None
@@ -73,7 +71,6 @@ class RequestState:
         #: Its bytes in the server's client media budget (``pipeline.media_budget``),
         #: released with the state.
         self.media_hold: MediaReservation | None = None
-        self.later: set[asyncio.Task[StageResult]] = set()
         #: Whether a Reasoner stage saw the request (it is told the request ended).
         self.on_reasoner = False
         #: The iterators the response reads, closed first at release, the last one given

@@ -2,7 +2,9 @@
 
 Each dispatch adds its spans under its stage's name (``reasoner.prefill``, ``generation.denoise``,
 ...). The engine reports its own (``contract.job.ENGINE_SPANS``: media preparation, prefill,
-decode, denoising, VAE decode, encoding); what its job took beyond them is ``<stage>.engine``
+decode, denoising, VAE decode, encoding: a video's MP4 is encoded while the VAE decodes its
+frames, so its ``encode`` is the time from the last frame to the MP4's bytes, and the encoding
+done before lies within ``vae_decode``); what its job took beyond them is ``<stage>.engine``
 (an engine that reports no spans, like native's, is all ``engine``). The orchestrator adds
 ``<stage>.wait`` (waiting for the stage: the generation stage serves one request at a time) and
 ``<stage>.relay`` (the dispatch's time outside the stage's job: IPC, packing, the stage's own

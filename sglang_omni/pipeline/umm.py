@@ -32,7 +32,6 @@ from sglang_omni.errors import (
     ServerError,
     is_client_error,
 )
-from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.pipeline.json_size import json_size
 from sglang_omni.pipeline.timeline import Timeline
 
@@ -83,15 +82,12 @@ class DispatchReceipt:
 
 @dataclass(frozen=True)
 class Output:
-    """Something the client receives: text, or media bytes with their MIME type; or, with
-    ``later`` set, an output still being made (its bytes encoded beside the step's dispatch):
-    ``later`` gives the finished ``Output``, or raises an OmniError to fail the request."""
+    """Something the client receives: text, or media bytes with their MIME type."""
 
     kind: str
     text: str | None = None
     data: bytes | bytearray | None = None
     mime_type: str | None = None
-    later: Awaitable[Output] | None = None
 
     @property
     def size(self) -> int:
@@ -103,11 +99,7 @@ class Output:
 
 @dataclass(frozen=True)
 class Step:
-    """The adapter's answer: emit ``outputs``, then run ``dispatch``, or finish.
-
-    An output with ``later`` runs beside ``dispatch``: its segment goes out as soon as it is
-    made, in its place (every segment after it waits for it), and before the next step's
-    outputs or dispatch. ``dispatch`` must not need the stage that makes it."""
+    """The adapter's answer: emit ``outputs``, then run ``dispatch``, or finish."""
 
     outputs: tuple[Output, ...] = ()
     dispatch: Dispatch | None = None
@@ -207,7 +199,6 @@ class UMMController:
                  call: StageCall, max_generations: int = 8,
                  clock: Callable[[], float] = time.monotonic,
                  largest_output_bytes: int = 0,
-                 largest_output_for: Callable[[int], int] | None = None,
                  planned: Callable[[str], int | None] | None = None) -> None:
         """``largest_output_bytes``: what ``limits.max_dispatches`` can produce at most; a
         request whose history leaves less room than that is refused before any turn.
@@ -218,9 +209,6 @@ class UMMController:
         self.max_generations = max_generations
         self.clock = clock
         self.largest_output_bytes = largest_output_bytes
-        #: What n more dispatches can produce at most (the pipeline's largest_output_bytes).
-        self.largest_output_for = largest_output_for or (lambda n: n * 4 * math.ceil(
-            INLINE_LIMIT / 3))
         self.planned = planned or (lambda rid: None)
 
     def open(self, request: UMMRequest) -> UMMRun:
@@ -282,33 +270,18 @@ class UMMRun:
         """
         ctl, state, adapter = self.controller, self.state, self.adapter
         step = self.first
-        making: list[asyncio.Future[Output]] = []  # outputs being made, in wire order
-        made_by: str | None = None  # the stage making them (the last dispatch's)
         call: asyncio.Future[StageResult] | None = None
         try:
             while True:
                 for output in step.outputs:
-                    if output.later is not None:
-                        making.append(asyncio.ensure_future(output.later))
-                    elif making:
-                        making.append(_made(output))
-                    else:
-                        yield await self._segment(output)
+                    yield await self._segment(output)
                 if step.dispatch is None:
-                    while making:
-                        yield await self._segment(await self._finished(making.pop(0), made_by))
                     yield Complete(step.finish_reason or "stop", tuple(state.segments),
                                    adapter.usage())
                     return
                 dispatch = state.count(step.dispatch)
                 call = asyncio.ensure_future(ctl.call(dispatch.stage, self.request.rid,
                                                       dispatch.payload, dispatch.frames))
-                while making and not call.done():  # segments made meanwhile go out at once
-                    racing: set[asyncio.Future[Any]] = {making[0], call}
-                    await self._within(asyncio.wait(racing,
-                                                    return_when=asyncio.FIRST_COMPLETED))
-                    if making[0].done():
-                        yield await self._segment(making.pop(0).result())
                 failure: OmniError | None = None
                 try:
                     result = await self._within(call)
@@ -322,53 +295,22 @@ class UMMRun:
                         raise  # a server fault (out of GPU memory...): fail now, cancel the rest
                     failure = exc
                 call = None
-                while making:  # what was made beside the dispatch goes out before its outcome
-                    yield await self._segment(await self._finished(making.pop(0), made_by))
                 if failure is not None:
                     raise failure
-                if result.later is not None and not self._room_for_copy(result):
-                    result = await self._within(result.later)  # the copy does not fit
                 state.timeline.add(result.stage, result.spans)
                 state.hold(json_size(result.payload))
-                if result.later is not None:  # an early result: its frames are held too
-                    state.hold(sum(len(frame) for frame in result.frames))
-                made_by = result.stage
                 step = adapter.advance(result, state.budget())
         finally:
             try:
-                await _cancel_all([*making, *([call] if call is not None else [])])
+                await _cancel_all([call] if call is not None else [])
             finally:
                 adapter.close()
-
-    def _room_for_copy(self, early: StageResult) -> bool:
-        """Whether the request may hold an early result's frames (a copy the next dispatch
-        reads while the final result is made) and still hold the largest output it may yet
-        produce: its pending media and what its dispatches left can make. When it may not,
-        the controller waits for the final result instead, so an early result never makes a
-        request fail its ``max_retained_bytes`` where waiting would not have."""
-        state, largest = self.state, self.controller.largest_output_for
-        pending = 4 * math.ceil(INLINE_LIMIT / 3)  # the final media, as a base64 segment
-        left = state.limits.max_dispatches - state.dispatches
-        need = state.retained + json_size(early.payload) + pending + largest(left) \
-            + sum(len(frame) for frame in early.frames)
-        return need <= state.limits.max_retained_bytes
 
     async def _segment(self, output: Output) -> Segment:
         """Accept ``output`` as the next segment (its digest computed off the event loop)."""
         digest = None if output.data is None else \
             await asyncio.to_thread(_sha256, output.data)
         return self.state.accept(output, digest)
-
-    async def _finished(self, made: asyncio.Future[Output], stage: str | None) -> Output:
-        """``made``'s output, within the deadline; the time the request waits for it with no
-        dispatch running (its media still being encoded) is its stage's ``encode`` time."""
-        if made.done() or not stage:
-            return await self._within(made)
-        started = self.controller.clock()
-        try:
-            return await self._within(made)
-        finally:
-            self.state.timeline.add(stage, {"encode": self.controller.clock() - started})
 
     async def _within(self, work: Awaitable[_T]) -> _T:
         """Await ``work`` within the request's deadline (RequestTimeout past it)."""
@@ -384,13 +326,6 @@ class UMMRun:
                 return await work
         except TimeoutError:
             raise _timeout(self.controller.limits.timeout_s) from None
-
-
-def _made(output: Output) -> asyncio.Future[Output]:
-    """A finished output waiting behind outputs still being made."""
-    done: asyncio.Future[Output] = asyncio.get_running_loop().create_future()
-    done.set_result(output)
-    return done
 
 
 async def _cancel_all(tasks: list[asyncio.Future[Any]]) -> None:

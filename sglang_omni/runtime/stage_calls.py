@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_omni.contract.job import CHUNK_FRAMES, clean_spans
+from sglang_omni.contract.job import clean_spans
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import OmniError, ServerError, StageCallError
 
@@ -148,8 +148,7 @@ class CallTable:
             return
         if op == "chunk":
             if pending.on_chunk is not None:
-                data = header.get("data") or {}
-                pending.on_chunk({**data, CHUNK_FRAMES: frames} if frames else data)
+                pending.on_chunk(header.get("data") or {})
         elif op == "result":
             self.counters.completed += 1
             pending.future.set_result(StageResult(

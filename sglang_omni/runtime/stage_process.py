@@ -17,7 +17,7 @@ CUDA in this process, ``memory_faults.device_memory``). A ``submit`` may carry
 An engine error that is an allocation failure (``memory_faults``) fails its request with
 ``OutOfGPUMemory`` and frees the memory; any other engine error fails its request with a 500.
 Stage -> server: ``ready {pid, stops_server_on_exit}``,
-``failed {message}``, ``chunk {rid, token, data}`` (+ frames for an early result),
+``failed {message}``, ``chunk {rid, token, data}``,
 ``result {rid, token, payload, engine_s, spans}`` + frames, ``error {rid, token, status, type,
 message}``, ``aborted {rid, token}``, ``progress {rid, token}`` (the engine's ``job.progress()``,
 at most one per job every :data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
@@ -320,11 +320,7 @@ class _StageServer:
             def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
                 self.send({"op": "chunk", "rid": r, "token": t, "data": data})
 
-            def emit_frames(data: dict[str, Any], out: Frames, r: str = rid,
-                            t: int = token) -> None:
-                self.send({"op": "chunk", "rid": r, "token": t, "data": data}, out)
-
-            job = Job(rid, header["payload"], frames, emit=emit, emit_frames=emit_frames,
+            job = Job(rid, header["payload"], frames, emit=emit,
                       progress=self._progress_reporter(rid, token))
             task = asyncio.get_running_loop().create_task(self.engine.run(job))
             started = time.perf_counter()

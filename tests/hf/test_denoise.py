@@ -123,3 +123,61 @@ def test_the_engine_runs_the_fast_loop_when_asked(tiny_checkpoint: Path) -> None
         asyncio.run(engine.close())
     with pytest.raises(RuntimeError, match="denoiser"):
         HFGenerator(spec.__class__(**{**spec.__dict__, "engine": {"denoiser": "turbo"}}))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_chunked_vae_decode_equals_a_whole_decode_bit_for_bit(pipes: dict[str, Any],
+                                                                 dtype: str) -> None:
+    """``decode_chunks`` hands over the VAE's frames one latent frame at a time (1, then 4
+    each) and together they are exactly the frames of one whole ``vae.decode``."""
+    import numpy as np
+    import torch
+
+    pipe = pipes[dtype]
+    vae = pipe.vae.config
+    latents = torch.randn((1, int(vae.z_dim), 3, 4, 6), generator=torch.Generator("cpu")
+                          .manual_seed(5))
+    chunks: list[Any] = []
+    with torch.no_grad():
+        count = denoise.decode_chunks(pipe, latents, chunks.append)
+        whole = denoise._decode(pipe, latents, "np")
+    assert [len(c) for c in chunks] == [1, 4, 4] and count == 9
+    assert np.array_equal(np.concatenate(chunks), whole)
+
+
+def test_the_engine_encodes_a_video_as_its_frames_are_decoded(tiny_checkpoint: Path) -> None:
+    """The fast loop's video: its MP4 is the same bytes as the whole decode's frames encoded
+    at once, and it was fed chunk by chunk (the ``encode`` span is the time after the last)."""
+    from sglang_omni.engines.hf.common import to_uint8
+    from sglang_omni.engines.video_delivery import StreamingMp4
+    from sglang_omni.media.encode import encode_mp4
+
+    spec = EngineSpec(stage="generation", role="generation", backend="hf",
+                      model_path=str(tiny_checkpoint), gpu=None, gpu_memory_fraction=None,
+                      factory={}, engine={"denoiser": "fast"})
+    engine = HFGenerator(spec)
+    asyncio.run(engine.start())
+    fed: list[int] = []
+    add = StreamingMp4.add
+
+    def counting(self: StreamingMp4, frames: Any) -> None:
+        fed.append(len(frames))
+        add(self, frames)
+
+    try:
+        payload = {"modality": "video", "prompt": "a cube", "options": {
+            "width": 64, "height": 64, "num_inference_steps": 2, "num_frames": 9, "fps": 8}}
+        job = Job("v", payload, [], emit=lambda _: None)
+        StreamingMp4.add = counting  # type: ignore[method-assign]
+        try:
+            result = asyncio.run(engine.run(job))
+        finally:
+            StreamingMp4.add = add  # type: ignore[method-assign]
+        assert fed == [1, 4, 4]
+        assert {"denoise", "vae_decode", "encode"} <= set(job.spans)
+        call = engine._plan("video", "a cube", payload["options"])
+        frames, _ = engine._denoise(Job("w", payload, [], emit=lambda _: None), call)
+        assert result.frames[0] == encode_mp4(list(to_uint8(frames)), 8,
+                                              encoding=engine.encoding)
+    finally:
+        asyncio.run(engine.close())

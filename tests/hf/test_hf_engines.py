@@ -85,52 +85,6 @@ def test_image_and_video_with_sound_come_from_the_real_pipeline(engines: Any) ->
     assert len(frames) == 9 and (frames[0].width, frames[0].height) == (96, 64)
 
 
-def test_a_video_asked_early_sends_the_reasoner_copy_before_the_client_mp4(
-        engines: Any, monkeypatch: Any) -> None:
-    """``early_video``: a superfast copy of the same frames (and sound) is the job's early
-    result; the client's MP4 is the same bytes as without it. (The two encodes run side by
-    side; here the client's waits for the copy to be sent, as a slower preset's does.)"""
-    import threading
-
-    import av
-
-    from sglang_omni.engines.hf import generation
-    from sglang_omni.media.encode import READER_PRESET
-
-    loop, _, generator = engines
-    payload = {"modality": "video", "prompt": "a red cube", "options": {
-        **SMALL, "num_frames": 5, "fps": 8, "seed": 4, "generate_sound": True}}
-    plain, _ = run_job(loop, generator, payload)
-    sent: list[tuple[dict, list]] = []
-    copy_sent = threading.Event()
-    encode_mp4 = generation.encode_mp4
-
-    def client_after_copy(*args: Any) -> bytes:
-        if args[4].preset != READER_PRESET:  # (frames, fps, sound, rate, encoding, progress)
-            assert copy_sent.wait(30)
-        return encode_mp4(*args)
-
-    def emit_frames(data: dict, frames: list) -> None:
-        sent.append((data, frames))
-        copy_sent.set()
-
-    monkeypatch.setattr(generation, "encode_mp4", client_after_copy)
-    job = Job("r2", {**payload, "early_video": True}, [], emit=lambda _: None,
-              emit_frames=emit_frames)
-    final = loop.run(generator.run(job))
-    assert final.frames == plain.frames
-    ((early, (copy,)),) = sent
-    assert early["early_result"] == {"media": [{"kind": "video", "mime_type": "video/mp4",
-                                                "frame": 0}], "reason": None}
-    # the job's spans so far ride with it: the steps, the VAE decode and the copy's encode
-    assert set(early["spans"]) == {"denoise", "vae_decode", "encode"}, early
-    assert copy != final.frames[0]
-    with av.open(io.BytesIO(copy)) as container:
-        kinds = sorted(s.type for s in container.streams)
-        frames = list(container.decode(video=0))
-    assert kinds == ["audio", "video"] and len(frames) == 5
-
-
 @pytest.mark.parametrize(("options", "message"), [
     ({"width": 100}, "width: the hf backend needs a multiple of 16"),
     ({"output_path": "x"}, "output_path: not accepted"),

@@ -81,8 +81,8 @@ def test_the_log_line_and_metrics_carry_the_timeline(server: Server) -> None:
 
 
 def test_a_wait_for_a_video_still_being_encoded_counts_as_encoding(server: Server) -> None:
-    """The client's MP4 is encoded beside the next Reasoner turn; when the request has to wait
-    for it once that turn ended, the wait is the generation's ``encode``, not the server's."""
+    """The time from a video's last frame to its MP4 (here 2 s more: ``!encode-delay``) is the
+    generation's ``encode``, never the server's (issue 34)."""
     body = {"prompt": script(video("!encode-delay=2 a slow clip"), final("done")),
             "rid": "timeline-encode", "stage_params": {"generation": SMALL}}
     resp = httpx.post(f"{server.url}/generate", json=body, timeout=60)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from sglang_omni.config.server import ServerSettings
 from sglang_omni.engines.synth_media import decode_mp4_frames, encode_mp4, frame_pixels
-from sglang_omni.media.encode import READER_PRESET, VideoEncoding
+from sglang_omni.media.encode import VideoEncoding
 from tests.server import Server
 from tests.umm.kit import (
     HTTP,
@@ -107,27 +108,33 @@ def test_num_frames_sets_the_video_length(server: Server) -> None:
 
 # --- 2. media fed back ---------------------------------------------------------------------------
 def test_final_turn_sees_the_generated_image_then_video(two_generations: dict) -> None:
-    """The image as the client gets it; the video as the Reasoner's copy: the same frames
-    encoded at x264's superfast preset before the client's MP4 (docs/interleaved.md)."""
+    """The Reasoner reads the bytes the client gets: the PNG and the one MP4 (issue 34)."""
     segments = two_generations["json"]["segments"]
     seen = json.loads(segments[2]["data"].removeprefix("compared "))
+    assert seen == [{"kind": "image", "sha256": segments[0]["data"]["sha256"]},
+                    {"kind": "video", "sha256": segments[1]["data"]["sha256"]}]
     frames = [frame_pixels("a blue cube turning", 0, STABLE["width"], STABLE["height"], i)
               for i in range(33)]
-    copy = encode_mp4(frames, 24, encoding=VideoEncoding(READER_PRESET, 8))
-    assert seen == [{"kind": "image", "sha256": segments[0]["data"]["sha256"]},
-                    {"kind": "video", "sha256": sha256(copy)}]
-    client = media_bytes(segments[1])
-    assert client == encode_mp4(frames, 24, encoding=VideoEncoding("medium", 8))
-    assert len(decode_mp4_frames(copy)) == len(decode_mp4_frames(client)) == 33
+    assert media_bytes(segments[1]) == encode_mp4(frames, 24, encoding=VideoEncoding())
 
 
-def test_a_quick_preset_feeds_the_client_mp4_itself_to_the_reasoner(server: Server) -> None:
-    body = {"prompt": script(video("a quick clip"), final("{media}")),
-            "stage_params": {"generation": {**SMALL, "x264_preset": READER_PRESET}}}
+@pytest.mark.parametrize("preset", ServerSettings().allowed_x264_presets)
+def test_the_reasoner_reads_the_client_mp4_at_every_allowed_preset(server: Server,
+                                                                    preset: str) -> None:
+    """Whatever ``x264_preset`` the request names, the next turn's ``{media}`` lists the
+    sha256 of the very image and video the client's segments carry."""
+    body = {"prompt": script(image("a still"), video(f"a clip at {preset}"), final("{media}")),
+            "stage_params": {"generation": {**SMALL, "x264_preset": preset}}}
     resp = post_generate(server, body)
     assert resp.status_code == 200, resp.text
-    clip, answer = resp.json()["segments"]
-    assert json.loads(answer["data"]) == [{"kind": "video", "sha256": clip["data"]["sha256"]}]
+    still, clip, answer = resp.json()["segments"]
+    assert [sha256(media_bytes(s)) for s in (still, clip)] == \
+        [still["data"]["sha256"], clip["data"]["sha256"]]
+    assert json.loads(answer["data"]) == [{"kind": "image", "sha256": still["data"]["sha256"]},
+                                          {"kind": "video", "sha256": clip["data"]["sha256"]}]
+    frames = [frame_pixels(f"a clip at {preset}", 0, SMALL["width"], SMALL["height"], i)
+              for i in range(SMALL["num_frames"])]
+    assert media_bytes(clip) == encode_mp4(frames, 24, encoding=VideoEncoding(preset))
 
 
 def test_an_unknown_x264_preset_is_refused_before_any_turn(server: Server) -> None:

@@ -37,10 +37,12 @@ SUPPORTED_KWARGS = {"prompt", "negative_prompt", "height", "width", "num_frames"
 
 @dataclass
 class Output:
-    """As ``Cosmos3OmniPipelineOutput``: ``video`` per ``output_type``; never a sound track."""
+    """As ``Cosmos3OmniPipelineOutput``: ``video`` per ``output_type``; never a sound track.
+    ``streamed``: frames handed to ``on_frames`` instead (``video`` is then None)."""
 
     video: Any
     sound: None = None
+    streamed: int = 0
 
 
 def unsupported(pipe: Any, kwargs: dict[str, Any]) -> str | None:
@@ -62,9 +64,11 @@ def unsupported(pipe: Any, kwargs: dict[str, Any]) -> str | None:
 
 
 def generate(pipe: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any = None,
-             graphs: bool = False) -> Output:
+             graphs: bool = False, on_frames: Any = None) -> Output:
     """``pipe(**kwargs, generator=..., callback_on_step_end=on_step_end)`` for what
-    ``unsupported`` allows, computed as the module docstring says."""
+    ``unsupported`` allows, computed as the module docstring says. With ``on_frames`` and
+    ``output_type`` ``np``, the frames go to ``on_frames`` as the VAE decodes them
+    (:func:`decode_chunks`) and the output carries their count."""
     import numpy as np
     import torch
 
@@ -121,7 +125,10 @@ def generate(pipe: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any
                 latents = outputs.pop("latents", latents).float()
         step.close()
         pipe._current_timestep = None
-        return Output(_decode(pipe, latents, kwargs.get("output_type", "pil")))
+        output_type = kwargs.get("output_type", "pil")
+        if on_frames is not None and output_type == "np":
+            return Output(None, streamed=decode_chunks(pipe, latents, on_frames))
+        return Output(_decode(pipe, latents, output_type))
 
 
 def _initial_latents(pipe: Any, kwargs: dict[str, Any], generator: Any,
@@ -147,17 +154,74 @@ def _initial_latents(pipe: Any, kwargs: dict[str, Any], generator: Any,
     return made[0], made[5]
 
 
-def _decode(pipe: Any, latents: Any, output_type: str) -> Any:
-    if output_type == "latent":
-        return latents
+def _raw_latents(pipe: Any, latents: Any) -> Any:
+    """``latents`` in the VAE's own scale, as the pipeline hands them to ``vae.decode``."""
     dtype = pipe.vae.dtype
     mean = pipe._vae_latents_mean.to(device=latents.device, dtype=dtype)
     inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=dtype)
-    raw = latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
-    decoded = pipe.vae.decode(raw).sample.to(latents.dtype)
+    return latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
+
+
+def _decode(pipe: Any, latents: Any, output_type: str) -> Any:
+    if output_type == "latent":
+        return latents
+    decoded = pipe.vae.decode(_raw_latents(pipe, latents)).sample.to(latents.dtype)
     video = pipe.video_processor.postprocess_video(decoded, output_type=output_type)[0]
     pipe.maybe_free_model_hooks()
     return video
+
+
+def chunkable(vae: Any, latents: Any) -> bool:
+    """Whether ``vae`` decodes ``latents`` one latent frame at a time with its causal cache
+    (diffusers' ``AutoencoderKLWan``, which Cosmos3 uses, untiled), so that
+    :func:`decode_chunks` can run that loop itself."""
+    needed = ("decoder", "post_quant_conv", "clear_cache", "_cached_conv_counts")
+    if not all(hasattr(vae, name) for name in needed):
+        return False
+    if getattr(vae, "use_tiling", False):
+        ratio = int(getattr(vae, "spatial_compression_ratio", 1))
+        height, width = latents.shape[-2:]
+        if width > vae.tile_sample_min_width // ratio or \
+                height > vae.tile_sample_min_height // ratio:
+            return False
+    return True
+
+
+def decode_chunks(pipe: Any, latents: Any, on_frames: Any) -> int:
+    """Decode ``latents`` to frames in [0, 1] (``output_type`` ``np``: an array of (frames,
+    height, width, 3)), handing each latent frame's frames to ``on_frames`` as soon as the VAE
+    has made them (1 frame, then 4 each for Cosmos3's VAE); returns how many frames. The VAE's
+    own loop (``AutoencoderKLWan._decode``) with the same calls in the same order, the
+    clamping and post-processing done per chunk (elementwise, so the frames equal a whole
+    decode's bit for bit); a VAE this cannot split (``chunkable``) decodes whole, handed over
+    once."""
+    vae = pipe.vae
+    if not chunkable(vae, latents):
+        video = _decode(pipe, latents, "np")
+        on_frames(video)
+        return len(video)
+    import torch
+
+    count = 0
+    vae.clear_cache()
+    try:
+        x = vae.post_quant_conv(_raw_latents(pipe, latents))
+        for index in range(x.shape[2]):
+            vae._conv_idx = [0]
+            out = vae.decoder(x[:, :, index:index + 1], feat_cache=vae._feat_map,
+                              feat_idx=vae._conv_idx, first_chunk=index == 0)
+            if vae.config.patch_size is not None:
+                from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+                out = unpatchify(out, patch_size=vae.config.patch_size)
+            out = torch.clamp(out, min=-1.0, max=1.0).to(latents.dtype)
+            frames = pipe.video_processor.postprocess_video(out, output_type="np")[0]
+            on_frames(frames)
+            count += len(frames)
+    finally:
+        vae.clear_cache()
+    pipe.maybe_free_model_hooks()
+    return count
 
 
 def _rotate_half(x: Any) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -55,10 +56,10 @@ from sglang_omni.engines.hf.common import (
     torch_dtype,
 )
 from sglang_omni.engines.hf.conversation import decode_image, decode_video
-from sglang_omni.engines.video_delivery import encode_progress, encode_video
+from sglang_omni.engines.video_delivery import StreamingMp4
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import RequestMediaDir, load_bytes
-from sglang_omni.media.encode import VideoEncoding, encode_mp4, encode_png
+from sglang_omni.media.encode import encode_png
 from sglang_omni.media.settings import policy_from_spec
 
 DEFAULTS: dict[str, Any] = {"dtype": "auto", "defaults": {}, "denoiser": "auto"}
@@ -146,25 +147,38 @@ class HFGenerator(ThreadedModelEngine):
         options = {**self.defaults, **check_generation_options(payload.get("options"))}
         call = self._plan(modality, str(payload.get("prompt", "")), options)
         await self._read_conditioning(call, options)
-        outcome = await self.thread.call(self._denoise, job, call, release=self.drop_vae_cache)
-        if isinstance(outcome, str):
-            log.warning("request %s: generation produced no media: %s", job.rid, outcome)
-            return StageResult(MediaResult(media=[], reason=outcome))
-        sample_rate = self._sample_rate() if outcome[1] is not None else None
         encoding = self.encoding.with_preset(options.get("x264_preset"))
-        with job.timed("encode"):  # the frames as bytes, once for every encode
-            pixels = await _to_thread(to_uint8, outcome[0])
-        if modality == "video":
-            progress = encode_progress(job)
-
-            async def encode(how: VideoEncoding, _for_reader: bool) -> bytes:
-                return await _to_thread(encode_mp4, list(pixels), call.fps, outcome[1],
-                                        sample_rate, how, progress)
-
-            data, mime = await encode_video(job, encode, encoding), "video/mp4"
-        else:
-            with job.timed("encode"):
-                data, mime = await _to_thread(encode_png, pixels[0]), "image/png"
+        kw = call.kwargs
+        # a silent video's MP4 is encoded as the VAE decodes its frames; a video with sound
+        # once the pipeline is done (the MP4's audio track is opened with the sound's channels)
+        mp4 = StreamingMp4(job, kw["width"], kw["height"], call.fps, encoding, prepare=to_uint8) \
+            if modality == "video" and not kw.get("enable_sound") else None
+        try:
+            outcome = await self.thread.call(self._denoise, job, call,
+                                             mp4.add if mp4 is not None else None,
+                                             release=self.drop_vae_cache)
+            if isinstance(outcome, str):
+                log.warning("request %s: generation produced no media: %s", job.rid, outcome)
+                return StageResult(MediaResult(media=[], reason=outcome))
+            frames, sound = outcome
+            if modality == "video":
+                if mp4 is None:
+                    mp4 = StreamingMp4(job, kw["width"], kw["height"], call.fps, encoding,
+                                       sample_rate=self._sample_rate() if sound is not None
+                                       else None,
+                                       sound_channels=sound.shape[0] if sound is not None else 1,
+                                       prepare=to_uint8)
+                if frames is not None:  # a decode that was not handed over chunk by chunk
+                    mp4.add(frames)
+                mp4.finish(sound)
+                data, mime = await mp4.result(), "video/mp4"
+            else:
+                with job.timed("encode"):
+                    pixels = await _to_thread(to_uint8, frames)
+                    data, mime = await _to_thread(encode_png, pixels[0]), "image/png"
+        finally:
+            if mp4 is not None:
+                mp4.abandon()  # a no-op once the MP4 is done
         return StageResult(MediaResult(media=[{"kind": modality, "mime_type": mime, "frame": 0}],
                                        reason=None), [data])
 
@@ -226,8 +240,11 @@ class HFGenerator(ThreadedModelEngine):
             clear()
 
     # --- on the model thread -------------------------------------------------------------------
-    def _denoise(self, job: Job, call: Call) -> tuple[Any, Any] | str:
-        """(frames, sound) as arrays, or the reason there is no media."""
+    def _denoise(self, job: Job, call: Call,
+                 on_frames: Callable[[Any], None] | None = None) -> tuple[Any, Any] | str:
+        """(frames, sound) as arrays, or the reason there is no media. With ``on_frames``,
+        the fast loop hands the frames to it as the VAE decodes them (``denoise.decode_chunks``)
+        and ``frames`` is None; other paths return them."""
         import torch
 
         if job.cancelled.is_set():
@@ -259,7 +276,8 @@ class HFGenerator(ThreadedModelEngine):
         try:
             if fast:
                 output = denoise.generate(self.pipe, call.kwargs, generator, on_step_end,
-                                          graphs=self.device.type == "cuda")
+                                          graphs=self.device.type == "cuda",
+                                          on_frames=on_frames)
             else:
                 output = self.pipe(
                     **call.kwargs, generator=generator, callback_on_step_end=on_step_end,
@@ -277,6 +295,8 @@ class HFGenerator(ThreadedModelEngine):
         else:  # a pipeline that reported no last step: all of it is denoising
             job.spans["denoise"] = ended - started
         self._log_done(job, ended - started)
+        if getattr(output, "streamed", 0):
+            return None, None
         video = output.video
         if video is None or len(video) == 0:
             return "the pipeline returned no frames (the video guardrail may have blocked them)"

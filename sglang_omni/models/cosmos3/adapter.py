@@ -4,7 +4,6 @@ interleaved Cosmos3 requests. The controller drives it; it knows no transport.""
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable
 from typing import Any
 
 from sglang_omni.contract.generation_options import (
@@ -82,14 +81,6 @@ def with_budget(message: dict[str, Any], sentence: str) -> dict[str, Any]:
     return {**message, "content": f"{content}\n\n{sentence}" if content else sentence}
 
 
-async def _client_media(kind: str, later: Awaitable[StageResult]) -> Output:
-    """The client's copy of a generated medium once its job ends, checked as every generated
-    medium is (one item, within the inline limit, the bytes it claims)."""
-    result = await later
-    data, mime = check_generated_media(kind, result.payload, result.frames)
-    return Output(kind, data=data, mime_type=mime)
-
-
 class Cosmos3UMMAdapter:
     """One per request; see ``UMMAdapter`` for the contract."""
 
@@ -158,8 +149,6 @@ class Cosmos3UMMAdapter:
             options.pop("num_frames", None)
         payload: GenerationPayload = {"modality": made.action, "prompt": made.text,
                                       "options": options}
-        if made.action == VIDEO:  # the Reasoner's copy first; the client's MP4 beside its turn
-            payload["early_video"] = True
         return Step(dispatch=Dispatch("generation", payload, [], modality=made.action))
 
     def _receipt_for(self, made: decision.Decision, budget: Budget) -> str | None:
@@ -184,9 +173,7 @@ class Cosmos3UMMAdapter:
                                "content": prompts.NO_TIME_LEFT.format(kind=made.action)})
             return Step(dispatch=self._reasoner_turn(budget))
         data, mime = check_generated_media(made.action, result.payload, result.frames)
-        output = Output(made.action, data=data, mime_type=mime)
-        if result.later is not None:  # data is the Reasoner's copy; the client's comes later
-            output = Output(made.action, later=_client_media(made.action, result.later))
+        output = Output(made.action, data=data, mime_type=mime)  # the bytes the Reasoner reads
         self.generations += 1
         self.frames.append(data)
         key = "image_url" if made.action == IMAGE else "video_url"
