@@ -41,7 +41,13 @@ class HoldRequestStates:
                     state.mark_answered()  # before the client can have it
                 await send(message)
 
-            await self.app(scope, receive, send_marking)
+            try:
+                await self.app(scope, receive, send_marking)
+            finally:
+                # The scope outlives the exchange: uvicorn's connection keeps it (a cycle,
+                # freed only by the cyclic collector, when the connection is closed), so it
+                # must not keep the finished request's run and media reachable.
+                del scope[STATE_KEY]
 
 
 def request_state(request: Request) -> RequestState:
