@@ -199,8 +199,9 @@ def grow_text(parts: list[str | list[bytearray]]) -> str:
 
     The text grows in place: CPython appends to a string of which only this frame holds a
     reference without copying it (a realloc, which for a large block moves its pages rather
-    than its bytes). A string that is not ASCII after a payload makes the text wider, which
-    copies it once (the payload's pieces are gone by then)."""
+    than its bytes), once the interpreter has specialised the append (after its first few runs:
+    :data:`_WARM` runs it at import). A string that is not ASCII after a payload makes the text
+    wider, which copies it once (the payload's pieces are gone by then)."""
     text = ""
     parts.reverse()
     while parts:
@@ -214,3 +215,9 @@ def grow_text(parts: list[str | list[bytearray]]) -> str:
             text += piece.decode("ascii")
             del piece
     return text
+
+
+#: The appends of :func:`grow_text` specialised at import (CPython 3.11 copies the text until
+#: the function has run a few times and its appends are specialised), so that the first large
+#: payload is not copied either.
+_WARM = [grow_text(["A", [bytearray(b"AAAA") for _ in range(16)], "B"]) for _ in range(8)]
