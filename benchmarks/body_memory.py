@@ -1,6 +1,7 @@
 """How much memory the server takes to handle one large accepted body, as a multiple of its size.
 
 Usage: python benchmarks/body_memory.py [--body-mb 150] [--parts 3] [--repeat 3] [--routes NAMES]
+       python benchmarks/body_memory.py --parse [--body-mb 150] [--parts 3]
 
 Starts ``sgl-omni serve`` with the scripted engines (``configs/cpu-scripted.yaml``) and sends,
 one at a time, bodies of about ``--body-mb`` MB whose bulk is inline media split into
@@ -10,6 +11,12 @@ Before each request, once the server's RSS has settled, its peak RSS is reset
 (``/proc/PID/clear_refs``, 5); after its answer the peak (``VmHWM``) less the RSS before it is
 the memory the request took. Prints that growth divided by the body's size, median and range of
 ``--repeat`` runs per route (target: under 1.5).
+
+``--parse`` measures the body readers alone, in this process, with tracemalloc (exact and
+deterministic, no server): the peak of Python allocations while a body of about ``--body-mb``
+MB arrives in 64 KiB chunks and is parsed into the value a route validates, as a multiple of the
+body's size (the body's chunks count as they arrive), for JSON (``--parts`` base64 data URLs,
+and one), a multipart form (``--parts`` uploads, and one) and msgpack (``--parts`` data URLs).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -100,14 +108,99 @@ def measure(server: Server, path: str, body: bytes) -> float:
     return (peak - before) * 1024 / len(body)
 
 
+def request_of(body: bytes, content_type: str) -> Any:
+    """A Starlette request whose ``body`` arrives in 64 KiB messages, each dropped once read."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+
+    pieces = [body[i:i + 65536] for i in range(0, len(body), 65536)]
+    pieces.reverse()
+
+    async def receive() -> dict[str, Any]:
+        if pieces:
+            return {"type": "http.request", "body": pieces.pop(), "more_body": bool(pieces)}
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "query_string": b"",
+             "headers": [(b"content-type", content_type.encode())], "app": Starlette()}
+    return Request(scope, receive)
+
+
+def parse_cases(body_mb: int, parts: int) -> dict[str, tuple[str, bytes]]:
+    """Case name -> (Content-Type, body) for ``--parse``."""
+    import msgpack
+
+    cases: dict[str, tuple[str, bytes]] = {}
+    for n in sorted({parts, 1}, reverse=True):
+        urls = [f"data:image/png;base64,{p}" for p in payloads(body_mb, n, PNG_HEAD)]
+        cases[f"JSON, {n} data URL(s)"] = ("application/json", json.dumps(
+            {"prompt": "describe", "images": urls}).encode())
+        files = [PNG_HEAD + os.urandom(body_mb * MB // n - len(PNG_HEAD)) for _ in range(n)]
+        form = b"".join(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"image[]\"; filename=\"a.png\"\r\n"
+            b"Content-Type: image/png\r\n\r\n" + f + b"\r\n" for f in files)
+        cases[f"multipart, {n} upload(s)"] = (
+            "multipart/form-data; boundary=XyZ",
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\ndescribe\r\n"
+            + form + b"--XyZ--\r\n")
+        if n == parts:
+            cases[f"msgpack, {n} data URL(s)"] = ("application/msgpack", msgpack.packb(
+                {"prompt": "describe", "images": urls}))
+    return cases
+
+
+def parse_peak(content_type: str, body: bytes) -> float:
+    """Peak traced allocations while ``body`` is read and parsed, as a multiple of its size."""
+    import asyncio
+    import tracemalloc
+
+    from sglang_omni.serve.bodies.body_formats import form_value
+    from sglang_omni.serve.bodies.msgpack_body import read_msgpack_body
+    from sglang_omni.serve.bodies.multipart_body import read_form
+    from sglang_omni.serve.bodies.request_body import read_json_body
+
+    size = len(body)
+    request = request_of(body, content_type)
+    del body  # the request's chunks are all that is left of it
+
+    async def parse() -> Any:
+        if content_type.startswith("multipart/"):
+            return form_value(await read_form(request), {})
+        if content_type == "application/msgpack":
+            return await read_msgpack_body(request)
+        return await read_json_body(request)
+
+    tracemalloc.start()
+    try:
+        value = asyncio.run(parse())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del value
+    return peak / size
+
+
+def main_parse(body_mb: int, parts: int) -> None:
+    print("| body | MB | peak / body size (tracemalloc) |")
+    print("|---|---|---|")
+    for name, (content_type, body) in parse_cases(body_mb, parts).items():
+        size = len(body) / MB
+        print(f"| {name} | {size:.0f} | {parse_peak(content_type, body):.2f}x |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parse", action="store_true",
+                        help="measure the body readers alone, in process (tracemalloc)")
     parser.add_argument("--body-mb", type=int, default=150)
     parser.add_argument("--parts", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--routes", default="",
                         help="comma-separated route names to run (default: all)")
     args = parser.parse_args()
+    if args.parse:
+        main_parse(args.body_mb, args.parts)
+        return
     cases = bodies(args.body_mb, args.parts)
     if args.routes:
         cases = {k: v for k, v in cases.items() if k in args.routes.split(",")}

@@ -36,7 +36,7 @@ from sglang_omni.serve.ops.mode_routes import ModeRoutes
 from sglang_omni.serve.ops.playground_routes import playground_router
 from sglang_omni.serve.ops.request_log import RequestRecorder
 from sglang_omni.serve.protocol.auth import ApiKeyAuth
-from sglang_omni.serve.protocol.request_states import HoldRequestStates
+from sglang_omni.serve.protocol.request_states import FinishedInMemory, HoldRequestStates
 from sglang_omni.serve.schemas.responses import Health, ModelList
 from sglang_omni.serve.wire.http_errors import error_response, install_error_handlers
 from sglang_omni.serve.wire.responses import json_response
@@ -122,8 +122,10 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     orchestrator.observer = server_metrics
     app.state.metrics = server_metrics
     server_metrics.watch_body_budget(app.state.body_budget)
+    finished = FinishedInMemory()
+    server_metrics.watch_finished(finished)
     # each request's state spans its whole exchange; its exit is the request's one release
-    app.add_middleware(HoldRequestStates, orchestrator=orchestrator)
+    app.add_middleware(HoldRequestStates, orchestrator=orchestrator, finished=finished)
     app.add_middleware(RequestRecorder, sink=server_metrics,  # outermost: every request
                        log_polls=log_polls)
     registry = server_metrics.registry

@@ -166,6 +166,12 @@ def _request_states(s: dict[str, Scrape]) -> None:
     assert s["after"].value("sgl_omni_request_states") == 0
 
 
+def _finished_in_memory(s: dict[str, Scrape]) -> None:
+    # The client that left may stay until the cyclic collector runs (its stream's close races
+    # its iteration); tests/reliability/test_finished_freed.py checks the rest with it off.
+    assert s["after"].value("sgl_omni_finished_requests_in_memory") <= 1
+
+
 def _longest(s: dict[str, Scrape]) -> None:
     after = s["after"]
     assert after.value("sgl_omni_planner_longest_seconds", kind="image") > 2
@@ -292,6 +298,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_queue_depth": _queue,
     "sgl_omni_interleaved_requests": _interleaved,
     "sgl_omni_request_states": _request_states,
+    "sgl_omni_finished_requests_in_memory": _finished_in_memory,
     "sgl_omni_planner_longest_seconds": _longest,
     "sgl_omni_planner_shortest_seconds": _shortest,
     "sgl_omni_admission_refusals_total": _refusals,

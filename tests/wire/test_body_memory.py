@@ -164,3 +164,17 @@ def test_long_strings_cross_the_stage_wire_in_their_places() -> None:
     assert received == {"op": "submit", "payload": {"a": [big, ["x", big]], "b": {"c": big},
                                                     "d": "\u00e9" * MiB, "e": 1}}
     assert [bytes(f) for f in frames] == [b"one", b"two"]
+
+
+@pytest.mark.parametrize("shape", ["data_url", "bare", "embedded"])
+def test_a_body_of_one_large_payload_peaks_under_one_and_a_half_times_it(shape: str) -> None:
+    """Issue 33, 5: a body that is mostly one payload (a 64 MiB image is 85 MiB of base64)
+    peaked at twice its size, its bytes and its text at once as the payload was made text."""
+    payload = b64(12 * MiB, 9)
+    text = {"data_url": f"data:image/png;base64,{payload}", "bare": payload,
+            "embedded": f"\u00e9: data:image/png;base64,{payload} (a photo)"}[shape]
+    body = json.dumps({"prompt": "describe", "images": [text]}).encode()
+    del payload, text
+    value, peak = peak_of(lambda: asyncio.run(read_json_body(request_of(body))))
+    assert value == json.loads(body)
+    assert peak <= 1.5 * len(body), f"peak {peak / len(body):.2f}x the body"

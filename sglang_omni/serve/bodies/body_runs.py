@@ -15,9 +15,10 @@ value. Contract:
 * the reduced text has the same commas and brackets as the body (base64 and the marker have
   none), so a count of values made on it holds for the body;
 * :meth:`RunSplitter.original_offset` maps an offset in the reduced text to the body's;
-* the peak is the body plus one payload: a run is gathered in a growing buffer that the chunks
-  leave at once, and made text (off the event loop, in :meth:`RunSplitter.restore`) one payload
-  at a time, each buffer dropped as its text is made.
+* the peak is about the body: a run is gathered in pieces of about :data:`PIECE` bytes (each
+  its own allocation, given back to the system when freed), and made text (off the event loop,
+  in :meth:`RunSplitter.restore`) a piece at a time, each piece dropped as it is appended to
+  the payload's text (:func:`grow_text`), so a payload is never held twice.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from typing import Any
 
 #: Payloads shorter than this stay in the JSON text.
 MIN_RUN = 1024 * 1024
+#: A run is gathered in pieces of at least this many bytes: at the server's mmap threshold
+#: (``runtime.allocator``), so that each piece goes back to the system as it is freed.
+PIECE = 1024 * 1024
 _START = b";base64,"
 _QUOTE = ord('"')
 #: A trailing run this long is checked for where it starts and gathered apart from then on.
@@ -48,11 +52,12 @@ class RunSplitter:
 
     def __init__(self) -> None:
         self.text = bytearray()
-        #: The payloads set aside, as their bytes until :meth:`restore` makes them text (off
-        #: the event loop: the caller parses in a thread).
-        self.runs: list[bytearray | str] = []
+        #: The payloads set aside, as their pieces of bytes until :meth:`restore` makes them
+        #: text (off the event loop: the caller parses in a thread).
+        self.runs: list[list[bytearray] | str] = []
         self._token = secrets.token_hex(8)
-        self._run: bytearray | None = None  # the payload being gathered
+        self._run: list[bytearray] | None = None  # the payload being gathered, in pieces
+        self._run_size = 0
         self._tail = 0  # base64 characters that end text
         self._eligible: bool | None = None  # whether that run may be set aside
         #: (offset in text just past a marker, bytes the body had there beyond the marker)
@@ -73,7 +78,7 @@ class RunSplitter:
         if self._run is not None:
             end = None if _all_base64(view) else _NOT_BASE64.search(view)
             stop = len(view) if end is None else end.start()
-            self._run += view[:stop]
+            self._gather(view[:stop])
             if end is None:
                 return
             self._end_run()
@@ -93,9 +98,20 @@ class RunSplitter:
             self._eligible = start > 0 and (self.text[start - 1] == _QUOTE or
                                             self.text[max(0, start - 8):start] == _START)
         if self._eligible:
-            self._run = bytearray(self.text[start:])
+            self._run, self._run_size = [], 0
+            self._gather(memoryview(self.text)[start:])
             del self.text[start:]
             self._tail = 0
+
+    def _gather(self, data: memoryview) -> None:
+        """Add ``data`` to the run being gathered (a new piece once the last is full)."""
+        run = self._run
+        assert run is not None
+        if not run or len(run[-1]) >= PIECE:
+            run.append(bytearray())
+        run[-1] += data
+        self._run_size += len(data)
+        data.release()
 
     def finish(self) -> None:
         """The body has ended (a run still open ends with it)."""
@@ -106,16 +122,17 @@ class RunSplitter:
         run, self._run = self._run, None
         assert run is not None
         self._eligible = None
-        if len(run) < MIN_RUN:
-            self.text += run
-            self._tail = len(run)
+        if self._run_size < MIN_RUN:
+            for piece in run:
+                self.text += piece
+            self._tail = self._run_size
             self._eligible = False  # this run stays; what follows ends it
             return
         marker = self.marker(len(self.runs)).encode()
         self.runs.append(run)
         self.text += marker
         self._tail = 0
-        self._shifts.append((len(self.text), len(run) - len(marker)))
+        self._shifts.append((len(self.text), self._run_size - len(marker)))
 
     def original_offset(self, offset: int) -> int:
         """The body's offset of ``offset`` in :attr:`text` (or in its decoded text: markers
@@ -130,23 +147,25 @@ class RunSplitter:
         prefix = f"@omni-run-{self._token}-"
         found = re.compile(re.escape(prefix) + r"(\d+)@")
 
-        def take(index: int) -> str:
-            """Payload ``index`` as text; its bytes are dropped as it is made."""
+        def take(index: int) -> list[bytearray] | str:
+            """Payload ``index`` (its pieces, or its text if it was made already)."""
             run, self.runs[index] = self.runs[index], ""
-            return run if isinstance(run, str) else run.decode("ascii")
+            return run
 
         def put_back(text: str) -> str:
             if prefix not in text:
                 return text
-            whole = found.fullmatch(text)
-            if whole is not None and int(whole.group(1)) < len(self.runs):
-                return take(int(whole.group(1)))  # the payload itself, not a copy of it
-            out = text
+            parts: list[str | list[bytearray]] = []
+            at = 0
             for match in found.finditer(text):
                 index = int(match.group(1))
                 if index < len(self.runs):
-                    out = out.replace(match.group(0), take(index), 1)
-            return out
+                    parts += [text[at:match.start()], take(index)]
+                    at = match.end()
+            if not parts:
+                return text
+            parts.append(text[at:])
+            return grow_text(parts)  # the text's own pieces go as the payloads are placed
 
         if isinstance(value, str):
             return put_back(value)
@@ -171,3 +190,34 @@ class RunSplitter:
                         stack.append(sub)
         self.runs.clear()
         return value
+
+
+def grow_text(parts: list[str | list[bytearray]]) -> str:
+    """The text of ``parts`` (strings, and payloads as pieces of ASCII bytes), emptying
+    ``parts`` and each payload's list as it goes, so a payload's bytes are freed piece by piece
+    as its text grows: the peak is the text and one piece, not the text and the payload.
+
+    The text grows in place: CPython appends to a string of which only this frame holds a
+    reference without copying it (a realloc, which for a large block moves its pages rather
+    than its bytes), once the interpreter has specialised the append (after its first few runs:
+    :data:`_WARM` runs it at import). A string that is not ASCII after a payload makes the text
+    wider, which copies it once (the payload's pieces are gone by then)."""
+    text = ""
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        if isinstance(part, str):
+            text += part
+            continue
+        part.reverse()
+        while part:
+            piece = part.pop()
+            text += piece.decode("ascii")
+            del piece
+    return text
+
+
+#: The appends of :func:`grow_text` specialised at import (CPython 3.11 copies the text until
+#: the function has run a few times and its appends are specialised), so that the first large
+#: payload is not copied either.
+_WARM = [grow_text(["A", [bytearray(b"AAAA") for _ in range(16)], "B"]) for _ in range(8)]

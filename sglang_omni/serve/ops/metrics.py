@@ -9,7 +9,7 @@ jobs by each stage handle. Gauges and stage counters are read from live state at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -70,6 +70,10 @@ class ServerMetrics:
             self.refusals.labels(reason)
         self.pending_body = Gauge("sgl_omni_pending_body_bytes", "request-body bytes being "
                                   "read and parsed, all requests together", registry=r)
+        self.finished_in_memory = Gauge(
+            "sgl_omni_finished_requests_in_memory", "finished requests whose state or run is "
+            "still in memory (each is freed as its exchange ends); 0 on a server at rest",
+            registry=r)
         self.stage_jobs = Histogram("sgl_omni_stage_job_seconds", "stage jobs from submission "
                                     "to their end, by stage and outcome", ["stage", "outcome"],
                                     buckets=LATENCY_BUCKETS, registry=r)
@@ -110,6 +114,10 @@ class ServerMetrics:
         """Expose ``budget``'s held bytes and count its refusals (reason ``body_budget``)."""
         self.pending_body.set_function(lambda: budget.held)
         budget.on_refused = lambda: self.refused("body_budget")
+
+    def watch_finished(self, finished: Sized) -> None:
+        """Expose how many finished requests are still in memory (``len(finished)``)."""
+        self.finished_in_memory.set_function(lambda: len(finished))
 
 
 class _LiveCollector:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -59,20 +60,29 @@ log = logging.getLogger("sglang_omni.serve")
 
 class BoundedFlow(FlowControl):
     """uvicorn's write flow control whose wait for a paused transport (a full send buffer)
-    lasts at most ``timeout_s``; then ``on_stall`` runs (it aborts the connection)."""
+    lasts at most ``timeout_s``; then ``on_stall`` runs (it aborts the connection).
+
+    ``on_stall`` is held weakly when it is a bound method (the protocol's, whose ``flow`` this
+    is): a strong one would make protocol and flow a reference cycle, and a closed
+    connection, with its last request's scope, would stay in memory until the cyclic collector
+    ran."""
 
     def __init__(self, transport: asyncio.Transport, timeout_s: float,
                  on_stall: Callable[[], None]) -> None:
         super().__init__(transport)
         self.timeout_s = timeout_s
-        self.on_stall = on_stall
+        self._on_stall: Callable[[], Callable[[], None] | None] = \
+            weakref.WeakMethod(on_stall) if hasattr(on_stall, "__self__") \
+            else lambda: on_stall
 
     async def drain(self) -> None:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await super().drain()
         except TimeoutError:
-            self.on_stall()
+            on_stall = self._on_stall()
+            if on_stall is not None:
+                on_stall()
 
 
 class FramedConnection(h11.Connection):
