@@ -132,10 +132,10 @@ def parse_cases(body_mb: int, parts: int) -> dict[str, tuple[str, bytes]]:
 
     cases: dict[str, tuple[str, bytes]] = {}
     for n in sorted({parts, 1}, reverse=True):
-        urls = [f"data:image/png;base64,{p}" for p in payloads(body_mb, n, PNG_HEAD)]
+        urls = [f"data:image/png;base64,{p}" for p in payloads(body_mb, n, padded_png)]
         cases[f"JSON, {n} data URL(s)"] = ("application/json", json.dumps(
             {"prompt": "describe", "images": urls}).encode())
-        files = [PNG_HEAD + os.urandom(body_mb * MB // n - len(PNG_HEAD)) for _ in range(n)]
+        files = [padded_png(body_mb * MB // n) for _ in range(n)]
         form = b"".join(
             b"--XyZ\r\nContent-Disposition: form-data; name=\"image[]\"; filename=\"a.png\"\r\n"
             b"Content-Type: image/png\r\n\r\n" + f + b"\r\n" for f in files)
