@@ -38,6 +38,7 @@ from sglang_omni.serve.ops.request_log import RequestRecorder
 from sglang_omni.serve.protocol.auth import ApiKeyAuth
 from sglang_omni.serve.protocol.request_states import FinishedInMemory, HoldRequestStates
 from sglang_omni.serve.schemas.responses import Health, ModelList
+from sglang_omni.serve.schemas.server_openapi import serve_narrowed_openapi
 from sglang_omni.serve.wire.http_errors import (
     error_response,
     install_error_handlers,
@@ -121,6 +122,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     app.state.random_weights = random_weights.read(config.model_path)
     if config.server.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.server.api_key)
+    serve_narrowed_openapi(app, config.server)  # x264_preset: the allowed presets only
     install_error_handlers(app, error_response)  # JSON 500s, 401s included
     server_metrics = ServerMetrics(orchestrator)
     orchestrator.observer = server_metrics
