@@ -116,6 +116,10 @@ class ServiceUnavailable(OmniError):
     status = 503
     #: Whether a retry of the same server may succeed (the answer then carries Retry-After).
     retry_later: bool = True
+    #: Seconds until a retry can succeed when the server knows them (a stage cooling down
+    #: before its restart); the answer's Retry-After is then that wait, rounded up, but never
+    #: less than ``server.retry_after_s``. None: the server's ``retry_after_s``.
+    retry_after_s: float | None = None
 
 
 class NeedsRestart(ServiceUnavailable):
@@ -126,7 +130,12 @@ class NeedsRestart(ServiceUnavailable):
 
 
 class StageRestarting(ServiceUnavailable):
-    """A stage process is being restarted after it exited; retry shortly."""
+    """A stage process is being restarted after it exited; retry shortly (``retry_after_s``:
+    the seconds until its restart, when it is cooling down)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ShuttingDown(ServiceUnavailable):

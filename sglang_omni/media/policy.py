@@ -211,6 +211,22 @@ class MediaPolicy:
         except (urls.URLRejected, local.PathRejected, inline.InlineRejected) as e:
             raise refuse(str(e)) from None
 
+    def resolve_inline(self, text: str, *, label: str) -> InlineMedia:
+        """An image sent inline outside a media reference (the action route's ``{"b64_json":
+        text}``: a ``data:`` URL or bare base64, never a path or URL), judged like an inline
+        reference: its decoded size against the per-file limit, its base64; else
+        :class:`MediaRefused` naming ``label`` and the rule."""
+
+        def refuse(rule: str) -> MediaRefused:
+            return MediaRefused(f"{label}: {rule} (got {preview(text)})")
+
+        try:
+            payload = inline.parse_data_url(text) if text[:5].lower() == "data:" \
+                else inline.InlinePayload(text, None)
+            return self._inline(payload, refuse)
+        except inline.InlineRejected as e:
+            raise refuse(str(e)) from None
+
     def _remote(self, ref: str, refuse: _Refuse) -> RemoteMedia:
         return self._remote_url(urls.parse_remote_url(ref), refuse, listing=True)
 

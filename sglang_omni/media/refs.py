@@ -11,6 +11,7 @@ are counted by the fetch itself). Every refusal is a 400 before any model work.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 
 from sglang_omni.errors import BadRequest, MediaRefused
@@ -76,24 +77,28 @@ def _size(exc: MediaRefused) -> MediaRefused:
     return exc
 
 
-def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy
-                     ) -> list[tuple[str, str]]:
+def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy, *,
+                     inline_images: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
     """Refuse (400) a request whose ``(label, ref)`` references break ``policy``; the
     references checked (for :func:`~sglang_omni.media.admission.admit_media`).
 
     In order: more references than ``max_media_parts``; any reference the policy refuses;
-    inline data whose decoded sizes add up to more than ``max_media_bytes``. No network I/O.
+    inline data whose decoded sizes add up to more than ``max_media_bytes``. ``inline_images``:
+    ``(label, text)`` of images sent inline outside a reference (the action route's
+    ``{"b64_json": ...}``), held to the same per-file limit and counted in the same
+    ``max_media_bytes`` as inline references. No network I/O.
     """
     checked = list(refs)
     try:
-        _check_media_refs(checked, policy)
+        _check_media_refs(checked, policy, list(inline_images))
     except MediaRefused as exc:
         MEDIA_STATS.refused(getattr(exc, "media_reason", "policy"))
         raise
     return checked
 
 
-def _check_media_refs(refs: list[tuple[str, str]], policy: MediaPolicy) -> None:
+def _check_media_refs(refs: list[tuple[str, str]], policy: MediaPolicy,
+                      inline_images: list[tuple[str, str]]) -> None:
     limit = policy.max_media_parts
     if limit is not None and len(refs) > limit:
         raise _size(MediaRefused(
@@ -102,8 +107,10 @@ def _check_media_refs(refs: list[tuple[str, str]], policy: MediaPolicy) -> None:
             "videos and audios per request, or raise the limit"
         ))
     inline_bytes = 0
-    for label, ref in refs:
-        source = policy.resolve(ref, label=label)
+    sources = itertools.chain(  # one at a time: the first broken rule is the one reported
+        ((label, policy.resolve(ref, label=label)) for label, ref in refs),
+        ((label, policy.resolve_inline(text, label=label)) for label, text in inline_images))
+    for label, source in sources:
         if isinstance(source, InlineMedia):
             inline_bytes += source.payload.decoded_size
             byte_limit = policy.max_media_bytes

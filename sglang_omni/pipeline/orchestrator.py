@@ -180,10 +180,11 @@ class Orchestrator:
     def health(self) -> dict[str, Any]:
         """The ``/health`` body: ``status`` is ``ok``, ``starting`` (the stages are loading),
         ``stalled`` or ``restarting`` (a stage is coming back by itself) or ``unhealthy``; per
-        stage its status, pid, exit code, restarts so far, its last fault and its device
-        memory at its last heartbeat."""
+        stage its status, pid, exit code, restarts so far, the seconds until its planned restart
+        (while it is restarting), its last fault and its device memory at its last heartbeat."""
         stages = {n: {"status": h.status, "pid": h.pid, "exitcode": h.exitcode,
                       "restarts": self.stages.supervisors[n].restarts,
+                      "restart_in_s": self._restart_in_s(n),
                       "last_fault": h.last_fault, "gpu_memory": h.gpu_memory}
                   for n, h in self.stages.handles.items()}
         statuses = {s["status"] for s in stages.values()}
@@ -196,6 +197,11 @@ class Orchestrator:
         else:
             status = "unhealthy"
         return {"status": status, "stages": stages}
+
+    def _restart_in_s(self, stage: str) -> float | None:
+        """Seconds until ``stage``'s planned restart, to 0.1 s; None unless it is restarting."""
+        wait = self.stages.supervisors[stage].restart_in_s()
+        return None if wait is None else round(wait, 1)
 
     def _fail_dependents(self, handle: StageHandle) -> list[str]:
         """Interleaved requests use every stage: fail them all now (the planner releases
@@ -231,8 +237,11 @@ class Orchestrator:
             raise StageRestarting(f"the server is starting: stage(s) {names} are still loading; "
                                   "retry when GET /health answers ok")
         if all(h.restarting or h.stalled for h in down):
+            waits = [w for h in down if (w := self._restart_in_s(h.name)) is not None]
+            wait = max(waits, default=None)
+            when = f"retry in {wait:.0f} s" if wait else "retry in a few seconds"
             raise StageRestarting(f"stage(s) {names} exited or stopped answering and are "
-                                  "restarting; retry in a few seconds")
+                                  f"restarting; {when}", retry_after_s=wait)
         raise NeedsRestart(f"stage(s) {names} are not running; the server is unhealthy and "
                            "needs a restart (retry on another server)")
 

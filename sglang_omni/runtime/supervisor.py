@@ -9,7 +9,9 @@ exits (OOM kill, crash, kill -9, or the kill of a stalled or hung stage) it is s
   window (at most :data:`MAX_BACKOFF_S`);
 * with the budget spent, the stage cools down: it is restarted as soon as the oldest restart
   in the window is ``restart_window_s`` old (then with its backoff), never given up for good.
-  Meanwhile it is ``restarting`` (``/health`` 503 with Retry-After, requests 503 "restarting").
+  Meanwhile it is ``restarting`` (``/health`` 503 with Retry-After, requests 503 "restarting"),
+  and those answers' ``Retry-After`` is the wait until the restart (:meth:`restart_in_s`,
+  ``/health``'s ``restart_in_s``), not the server's fixed ``retry_after_s``.
 
 So a burst of faults costs at most a window's wait and the server recovers by itself; only
 ``max_restarts: 0`` (never restart) leaves a stage down until the server is restarted by hand.
@@ -126,6 +128,9 @@ class StageSupervisor:
         self._heartbeat_task: asyncio.Task | None = None
         self._unanswered_since: float | None = None
         self._stopping = False
+        #: When (monotonic) the planned restart's new process starts: the end of the cool-down
+        #: or of the backoff being waited now; None while no restart is waiting.
+        self._restart_at: float | None = None
         handle.restart_decision = self._decide
 
     def start(self) -> None:
@@ -177,6 +182,16 @@ class StageSupervisor:
             return 0.0
         return max(0.0, self._recent[over] + self.policy.restart_window_s - now)
 
+    def restart_in_s(self) -> float | None:
+        """Seconds until the planned restart starts the stage's new process (0 while it is
+        starting); None while the stage is not restarting. ``/health`` reports it and a 503
+        during the wait tells the client to retry after it (``Retry-After``)."""
+        if not self.handle.restarting:
+            return None
+        if self._restart_at is None:
+            return 0.0
+        return max(0.0, self._restart_at - time.monotonic())
+
     async def _restart(self) -> None:
         """Wait out the cool-down and the backoff, start a new process; repeat until one
         starts (or the server stops)."""
@@ -189,6 +204,7 @@ class StageSupervisor:
                           "stays down for %.1f s, until the oldest is out of the window, "
                           "then restarts", handle.name, len(self._recent), handle.name,
                           self.policy.restart_window_s, wait)
+                self._restart_at = time.monotonic() + wait
                 await asyncio.sleep(wait)
                 continue  # the window moved: count again
             backoff = min(MAX_BACKOFF_S,
@@ -198,7 +214,9 @@ class StageSupervisor:
             log.warning("restarting the %s stage in %.2f s (restart %d; %d of %d in the last "
                         "%g s)", handle.name, backoff, self.restarts, len(self._recent),
                         self.policy.max_restarts, self.policy.restart_window_s)
+            self._restart_at = time.monotonic() + backoff
             await asyncio.sleep(backoff)
+            self._restart_at = None
             try:
                 await handle.respawn()
             except StageStartupError as exc:

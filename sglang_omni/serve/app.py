@@ -38,7 +38,12 @@ from sglang_omni.serve.ops.request_log import RequestRecorder
 from sglang_omni.serve.protocol.auth import ApiKeyAuth
 from sglang_omni.serve.protocol.request_states import FinishedInMemory, HoldRequestStates
 from sglang_omni.serve.schemas.responses import Health, ModelList
-from sglang_omni.serve.wire.http_errors import error_response, install_error_handlers
+from sglang_omni.serve.schemas.server_openapi import serve_narrowed_openapi
+from sglang_omni.serve.wire.http_errors import (
+    error_response,
+    install_error_handlers,
+    retry_after,
+)
 from sglang_omni.serve.wire.responses import json_response
 
 #: A body without Content-Type is read as JSON (the body reader refuses other types with 415);
@@ -117,6 +122,7 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     app.state.random_weights = random_weights.read(config.model_path)
     if config.server.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.server.api_key)
+    serve_narrowed_openapi(app, config.server)  # x264_preset: the allowed presets only
     install_error_handlers(app, error_response)  # JSON 500s, 401s included
     server_metrics = ServerMetrics(orchestrator)
     orchestrator.observer = server_metrics
@@ -137,12 +143,17 @@ def create_app(config: ResolvedConfig, model_name: str | None = None,
     @app.get("/health", responses={200: {"model": Health}, 503: {"model": Health}})
     async def health() -> Response:
         """``ok`` (200) or ``starting``/``stalled``/``restarting``/``unhealthy`` (503), per
-        stage."""
+        stage. A 503 but ``unhealthy`` carries ``Retry-After``: while a stage waits to restart
+        (its restart budget spent, it cools down), the seconds until its restart (its
+        ``restart_in_s``, rounded up), at least ``server.retry_after_s``."""
         report = orchestrator.health()
         ok = report["status"] == "ok"
         # "unhealthy" does not come back by itself: no Retry-After (NeedsRestart's rule)
         retry = not ok and report["status"] != "unhealthy"
-        headers = {"Retry-After": str(config.server.retry_after_s)} if retry else None
+        waits = [s["restart_in_s"] for s in report["stages"].values()
+                 if s.get("restart_in_s") is not None]
+        wait = retry_after(config.server.retry_after_s, max(waits, default=None))
+        headers = {"Retry-After": str(wait)} if retry else None
         return JSONResponse(report, status_code=200 if ok else ServiceUnavailable.status,
                             headers=headers)
 

@@ -49,6 +49,38 @@ def health_ok(server: Server) -> None:
     assert resp.status_code == 200 and resp.json()["status"] == "ok", resp.text
 
 
+def x264_enums(node: Any) -> list[list[str]]:
+    """The ``enum`` of every ``x264_preset`` property in an OpenAPI document."""
+    if isinstance(node, list):
+        return [e for item in node for e in x264_enums(item)]
+    if not isinstance(node, dict):
+        return []
+    props = node.get("properties")
+    found = [props["x264_preset"]["enum"]] if isinstance(props, dict) and \
+        "x264_preset" in props else []
+    return found + [e for value in node.values() for e in x264_enums(value)]
+
+
+def test_the_openapi_schema_lists_only_the_allowed_presets(server: Server) -> None:
+    """/openapi.json offers what the server takes: server.allowed_x264_presets, not placebo."""
+    schema = HTTP.get(f"{server.url}/openapi.json").json()
+    enums = x264_enums(schema)
+    assert enums, "the video request schema names x264_preset"
+    assert all(enum == list(DEFAULT_ALLOWED_X264_PRESETS) for enum in enums), enums
+
+
+def test_the_openapi_schema_follows_the_setting() -> None:
+    from sglang_omni.config.server import ServerSettings
+    from sglang_omni.serve.schemas.server_openapi import narrow_to_settings
+
+    schema = {"components": {"schemas": {"Video": {"properties": {
+        "x264_preset": {"enum": ["ultrafast", "placebo"]}, "fps": {"type": "number"}}}}}}
+    narrowed = narrow_to_settings(schema, ServerSettings(allowed_x264_presets=("medium",)))
+    assert x264_enums(narrowed) == [["medium"]]
+    assert "server.allowed_x264_presets" in \
+        narrowed["components"]["schemas"]["Video"]["properties"]["x264_preset"]["description"]
+
+
 def test_the_attackers_video_ten_times_in_a_row_is_refused_and_health_stays_ok(
         server: Server) -> None:
     for _ in range(10):

@@ -141,3 +141,22 @@ def test_inline_media_bytes_added_over_the_request() -> None:
     assert info.value.status == 400
     assert "messages[0].content[1].image_url.url" in info.value.message
     assert "--server.max_media_bytes 1000" in info.value.message
+
+
+def test_b64_json_images_count_like_inline_references() -> None:
+    """The action route's ``{"b64_json": ...}`` images (sent beside the references, not as
+    one) are held to the per-file limit and added into the request's max_media_bytes."""
+    one = base64.b64encode(b"x" * 600).decode()
+    policy = MediaPolicy(max_media_bytes=1000)
+    check_media_refs([], policy, inline_images=[("input.image.b64_json", one)])
+    with pytest.raises(MediaRefused) as info:  # a data: URL reference plus a b64_json image
+        check_media_refs([("input.video", "data:image/png;base64," + one)], policy,
+                         inline_images=[("input.image.b64_json", "data:image/png;base64," + one)])
+    assert info.value.status == 400
+    assert "input.image.b64_json" in info.value.message
+    assert "--server.max_media_bytes 1000" in info.value.message
+    with pytest.raises(MediaRefused) as info:
+        check_media_refs([], MediaPolicy(max_file_size_mb=0.0005),
+                         inline_images=[("input.image.b64_json", one)])
+    assert "input.image.b64_json: inline media is larger than the 0.0005 MB limit " \
+        "(media_url_max_file_size_mb)" in info.value.message

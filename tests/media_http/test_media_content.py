@@ -182,3 +182,13 @@ def test_valid_uploads_pass(direct: Server) -> None:
                       files={"video_reference": ("clip.mp4", mp4_bytes(), "video/mp4")},
                       timeout=60)
     assert resp.status_code == 200, resp.text
+
+
+def test_b64_json_over_the_per_file_limit_is_400(direct: Server) -> None:
+    """A b64_json image is held to the per-file limit (native's media_url_max_file_size_mb,
+    64 MiB) like a data: URL, before any stage work."""
+    before = submitted(direct, "generation")
+    over = "A" * ((64 * 1024 * 1024 // 3 + 1) * 4)  # 64 MiB + 3 bytes of base64
+    failed(action(direct, {"b64_json": over}), 400, "input.image.b64_json",
+           "larger than the 64 MB limit (media_url_max_file_size_mb)")
+    assert submitted(direct, "generation") == before

@@ -95,3 +95,22 @@ def test_a_keep_alive_connection_does_not_keep_its_last_request(server: Server) 
         assert wait_until(lambda: in_memory(server) == 0, timeout=30), \
             "the open connection keeps its finished request"
         assert client.get(f"{server.url}/health").status_code == 200  # still open, reused
+
+
+def test_a_client_that_leaves_a_stream_mid_generation_is_freed(server: Server) -> None:
+    """A client that leaves a streamed /generate while its generation runs: once the server
+    has ended the request, nothing keeps it (its stream's close, the read-ahead's aclose and
+    the run's abort make no reference cycle), with the collector off."""
+    for _ in range(2):
+        with fresh() as client, client.stream("POST", f"{server.url}/generate", json={
+                "prompt": script(image("!sleep=3 left")), "stream": True,
+                "include_progress": True, **GEN}) as stream:
+            assert stream.status_code == 200
+            for line in stream.iter_lines():  # until the generation runs; then it leaves
+                if '"stage": "generation"' in line:
+                    break
+            else:
+                pytest.fail("the stream ended before its generation ran")
+    assert no_request_states(server, timeout=60) is None
+    assert wait_until(lambda: in_memory(server) == 0, timeout=30), \
+        f"{in_memory(server):g} finished request(s) still in memory after the client left"

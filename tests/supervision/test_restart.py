@@ -7,6 +7,7 @@ restarts off (max_restarts 0) it leaves the server unhealthy."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -225,9 +226,12 @@ def test_chat_reasoner_killed_then_frozen_restarts_each_time() -> None:
 def test_a_spent_restart_budget_cools_down_then_recovers() -> None:
     """Past max_restarts within restart_window_s the stage waits (restarting: 503 with
     Retry-After, not unhealthy) until its oldest restart leaves the window, then comes back by
-    itself: a handful of faults cannot leave the server down for good."""
+    itself: a handful of faults cannot leave the server down for good. During the cool-down
+    /health says when the stage restarts (restart_in_s) and every 503 tells the client to come
+    back then (Retry-After), not after the server's fixed retry_after_s."""
     with Server(*SCRIPTED_CHAT, *fast("reasoner", restarts=1),
-                "--reasoner.factory.restart_window_s", "20") as server:
+                "--reasoner.factory.restart_window_s", "30",
+                "--server.retry_after_s", "1") as server:
         signal_stage(server, "reasoner", signal.SIGKILL)
         wait_health(server, "restarting")
         wait_health(server, "ok")
@@ -236,11 +240,15 @@ def test_a_spent_restart_budget_cools_down_then_recovers() -> None:
         assert wait_until(lambda: "restart budget is spent" in server.log(), timeout=30)
         resp = health(server)
         assert resp.status_code == 503 and resp.json()["status"] == "restarting", resp.text
-        assert "Retry-After" in resp.headers
+        restart_in = resp.json()["stages"]["reasoner"]["restart_in_s"]
+        assert restart_in > 1, resp.text  # the rest of a 30 s window, not retry_after_s
+        assert int(resp.headers["Retry-After"]) == math.ceil(restart_in)
         refused = HTTP.post(f"{server.url}/v1/chat/completions", json=chat_body("hi"),
                             timeout=60)
-        assert refused.status_code == 503 and "Retry-After" in refused.headers
+        assert refused.status_code == 503
+        assert 1 <= int(refused.headers["Retry-After"]) <= math.ceil(restart_in)
         assert "restarting" in refused.json()["error"]["message"]
+        assert health(server).json()["stages"]["reasoner"]["restart_in_s"] <= restart_in
         assert restarts(server, "reasoner") == 1  # cooling down: no restart yet
         body = wait_health(server, "ok", timeout=90)
         assert body["stages"]["reasoner"]["restarts"] == 2

@@ -47,7 +47,9 @@ def check_action(ctx: DirectContext, body: dict[str, Any]) -> dict[str, Any]:
     checked = ctx.model.check_action_request(body, ctx.policy.check)
     checked.pop("request_id", None)
     checked.pop("id", None)
-    check_media_refs(action_media_refs(checked), ctx.policy)  # the request-wide count and bytes
+    # the request-wide count and bytes, b64_json images included
+    check_media_refs(action_media_refs(checked), ctx.policy,
+                     inline_images=action_inline_images(checked))
     fields = ctx.model.action_fields(checked)  # what the engine reads: limits check what runs
     ctx.model.check_generation_limits(fields, ctx.settings, video=True, action=True,
                                       multiple=ctx.multiple)

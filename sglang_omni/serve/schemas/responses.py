@@ -137,6 +137,11 @@ class StageHealth(BaseModel):
     pid: int | None
     exitcode: int | None
     restarts: int
+    restart_in_s: float | None = Field(
+        None, description="while the stage is restarting: the seconds until its new process "
+        "starts (the rest of its cool-down once its restart budget is spent, or of its "
+        "backoff; 0 while the new process starts up), which the 503's Retry-After also says; "
+        "null otherwise")
     last_fault: str | None = Field(
         None, description="why the stage's last process failed (it exited, stopped answering "
         "its heartbeat or made no progress on its jobs), null while none has")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -49,6 +50,12 @@ CLOSE_AFTER = (RequestTooSlow.status, PayloadTooLarge.status)
 GENERIC_500 = ("the server failed this request unexpectedly; the error is logged on the server. "
                "Retry, and report it if it persists")
 
+def retry_after(retry_after_s: int, wait_s: float | None = None) -> int:
+    """The Retry-After seconds of a 503: ``wait_s`` (the known wait until a retry can succeed,
+    a restart's cool-down) rounded up, never less than the server's ``retry_after_s``."""
+    return retry_after_s if wait_s is None else max(retry_after_s, math.ceil(wait_s))
+
+
 def error_response(exc: OmniError,
                    retry_after_s: int = ServerSettings.retry_after_s) -> Response:
     """The JSON error answer. A 503 carries ``Retry-After`` unless the server will not come
@@ -57,7 +64,8 @@ def error_response(exc: OmniError,
     can fail to encode."""
     unavailable = exc.retry_later if isinstance(exc, ServiceUnavailable) \
         else exc.status == ServiceUnavailable.status
-    headers = {"Retry-After": str(retry_after_s)} if unavailable else {}
+    wait = exc.retry_after_s if isinstance(exc, ServiceUnavailable) else None
+    headers = {"Retry-After": str(retry_after(retry_after_s, wait))} if unavailable else {}
     if exc.status in CLOSE_AFTER:
         headers["Connection"] = "close"
     return json_response(exc.to_body(), exc.status, headers or None)
