@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -83,8 +83,9 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
 
 
 async def stream_body(request: Request, settings: ServerSettings,
-                      take: Callable[[bytes], None]) -> None:
-    """Hand the body's chunks to ``take`` as they arrive, under :func:`read_body`'s limits."""
+                      take: Callable[[bytes], Awaitable[None] | None]) -> None:
+    """Hand the body's chunks to ``take`` as they arrive, under :func:`read_body`'s limits
+    (awaiting what it returns, when it returns an awaitable)."""
     limit = settings.max_body_bytes
     lease: BodyLease | None = getattr(request.state, "body_lease", None)
     declared = request.headers.get("content-length")
@@ -102,7 +103,9 @@ async def stream_body(request: Request, settings: ServerSettings,
                     raise _too_large(limit)
                 if lease is not None:
                     lease.cover(size)
-                take(chunk)
+                taken = take(chunk)
+                if taken is not None:
+                    await taken
     except TimeoutError:
         raise RequestTooSlow(
             f"the request body did not arrive within {settings.body_timeout_s:g} s "
