@@ -33,13 +33,11 @@ from sglang_omni.serve.bodies.request_body import (
     check_wire_value,
     join_path,
     settings_of,
-    stream_body,
+    stream_batches,
     too_many_values,
 )
 
 MSGPACK = "application/msgpack"
-#: Bytes of a msgpack body handed to its splitter at a time, off the event loop.
-_FEED_BATCH = 1024 * 1024
 _NUMERIC_KINDS = "biuf"
 
 
@@ -154,17 +152,7 @@ async def read_msgpack_body(request: Request) -> Any:
     arrives (:mod:`.msgpack_runs`), so the body is held about once while it is decoded."""
     settings = settings_of(request)
     strings = StringSplitter(max_values=settings.max_json_values)
-    batch: list[bytes] = []
-
-    async def take(chunk: bytes) -> None:
-        """Chunks are read a batch at a time off the event loop (a body of many small values
-        costs the splitter a Python step per value)."""
-        batch.append(chunk)
-        if sum(map(len, batch)) >= _FEED_BATCH:
-            await asyncio.to_thread(strings.feed_all, batch)
-
-    await stream_body(request, settings, take)
-    strings.feed_all(batch)
+    await stream_batches(request, settings, strings.feed_all)  # a Python step per value
     strings.finish()
     held, strings.text = [strings.text], bytearray()
     if len(held[0]) > THREAD_PARSE_BYTES or strings.strings:

@@ -38,7 +38,7 @@ from email.message import Message
 from starlette.requests import Request
 
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
-from sglang_omni.serve.bodies.request_body import read_body, settings_of, stream_body
+from sglang_omni.serve.bodies.request_body import read_body, settings_of, stream_batches
 from sglang_omni.serve.bodies.upload_url import UrlBuilder
 
 MULTIPART = "multipart/form-data"
@@ -140,6 +140,12 @@ class FormReader:
         self._fields: list[tuple[str, str]] = []
         self._files: list[Upload] = []
         self._error: BadRequest | None = None
+
+    def feed_all(self, chunks: list[bytes]) -> None:
+        """:meth:`feed` each of ``chunks``, emptying the list as it goes."""
+        chunks.reverse()
+        while chunks:
+            self.feed(chunks.pop())
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         """Take the body's next bytes and parse what they complete."""
@@ -298,5 +304,5 @@ async def read_form(request: Request) -> Form:
     if content_type.split(";", 1)[0].strip().lower() == URLENCODED:
         return parse_urlencoded(await read_body(request, settings_of(request)))
     reader = FormReader(boundary_of(content_type))
-    await stream_body(request, settings_of(request), reader.feed)
+    await stream_batches(request, settings_of(request), reader.feed_all)
     return reader.finish()
