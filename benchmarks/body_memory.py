@@ -16,7 +16,8 @@ the memory the request took. Prints that growth divided by the body's size, medi
 deterministic, no server): the peak of Python allocations while a body of about ``--body-mb``
 MB arrives in 64 KiB chunks and is parsed into the value a route validates, as a multiple of the
 body's size (the body's chunks count as they arrive), for JSON (``--parts`` base64 data URLs,
-and one), a multipart form (``--parts`` uploads, and one) and msgpack (``--parts`` data URLs).
+and one), a multipart form (``--parts`` uploads, and one) and msgpack (``--parts`` data URLs,
+and one).
 """
 
 from __future__ import annotations
@@ -143,9 +144,8 @@ def parse_cases(body_mb: int, parts: int) -> dict[str, tuple[str, bytes]]:
             "multipart/form-data; boundary=XyZ",
             b"--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\ndescribe\r\n"
             + form + b"--XyZ--\r\n")
-        if n == parts:
-            cases[f"msgpack, {n} data URL(s)"] = ("application/msgpack", msgpack.packb(
-                {"prompt": "describe", "images": urls}))
+        cases[f"msgpack, {n} data URL(s)"] = ("application/msgpack", msgpack.packb(
+            {"prompt": "describe", "images": urls}))
     return cases
 
 

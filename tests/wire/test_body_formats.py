@@ -24,6 +24,7 @@ from sglang_omni.serve.bodies.msgpack_body import (
 from sglang_omni.serve.bodies.multipart_body import (
     MAX_FORM_PARTS,
     Form,
+    FormReader,
     Upload,
     boundary_of,
     parse_form,
@@ -54,8 +55,25 @@ def test_fields_and_uploads_are_split_in_order() -> None:
                            part("image", b"\x89PNG\r\n--XyZ-not-a-boundary", "a.png",
                                 "image/png")), B)
     assert form.fields == [("prompt", "été"), ("seed", "7")]
-    assert form.files == [Upload("image", "a.png", "image/png",
-                                 b"\x89PNG\r\n--XyZ-not-a-boundary")]
+    assert form.files == [Upload("image", "a.png", "image/png", url="data:image/png;base64,"
+                                 + base64.b64encode(b"\x89PNG\r\n--XyZ-not-a-boundary").decode())]
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 7, 64])
+def test_a_form_fed_in_any_pieces_is_the_same_form(step: int) -> None:
+    """The form is parsed as the body streams in: a boundary split across chunks, or bytes
+    that look like one, change nothing."""
+    data = b"\r\n--XyZ\r\x89PNG\r\n--XyZ-" + bytes(range(256)) * 3 + b"\r\n--XyZ-x"
+    raw = body(part("prompt", "été".encode()), part("image", data, "a.png"),
+               part("video", b"", "b.mp4"), part("seed", b"7"))
+    reader = FormReader(B)
+    for at in range(0, len(raw), step):
+        reader.feed(raw[at:at + step])
+    form = reader.finish()
+    assert form == parse_form(raw, B)
+    assert form.fields == [("prompt", "été"), ("seed", "7")]
+    assert [data_url(u) for u in form.files] == [
+        "data:image/png;base64," + base64.b64encode(data).decode(), "data:video/mp4;base64,"]
 
 
 @pytest.mark.parametrize(("raw", "says"), [

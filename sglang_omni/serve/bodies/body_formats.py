@@ -19,16 +19,13 @@ types otherwise) and returns the value the route's typed model then validates:
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import mimetypes
 from typing import Any
 
 from starlette.requests import Request
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest, UnsupportedMediaType
-from sglang_omni.media.sniff import HEAD_BYTES, MIME_OF_FORMAT, sniff_format
 from sglang_omni.serve.bodies.body_budget import BodyBudget
 from sglang_omni.serve.bodies.msgpack_body import MSGPACK, read_msgpack_body
 from sglang_omni.serve.bodies.multipart_body import MULTIPART, URLENCODED, Form, Upload, read_form
@@ -40,6 +37,7 @@ from sglang_omni.serve.bodies.request_body import (
     too_deep_field,
 )
 from sglang_omni.serve.bodies.request_body import settings_of as settings_of
+from sglang_omni.serve.bodies.upload_url import data_url_of
 
 JSON = "application/json"
 _TRUE = ("true", "1", "yes", "on")
@@ -112,33 +110,12 @@ def _convert(key: str, text: str, schema: dict[str, Any] | None, max_depth: int)
 
 
 def data_url(upload: Upload) -> str:
-    """An upload as a ``data:`` URL; its type is the part's, else the one its leading bytes
-    show, else guessed from its name (a name's type is never checked against the bytes)."""
-    mime = (upload.content_type or "").split(";", 1)[0].strip().lower()
-    if not mime or mime == "application/octet-stream":
-        found = sniff_format(bytes(upload.data[:HEAD_BYTES]))
-        mime = MIME_OF_FORMAT[found][0] if found is not None else \
-            mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
-    return _data_url_of(mime, memoryview(upload.data))
-
-
-#: Bytes of an upload encoded at a time (a multiple of 3: the windows' base64 join up).
-_ENCODE_WINDOW = 3 * 256 * 1024
-
-
-def _data_url_of(mime: str, data: memoryview, window: int = _ENCODE_WINDOW) -> str:
-    """``data:{mime};base64,...`` of ``data``, made a window at a time into one text that grows
-    in place (CPython appends to a string only this frame holds without copying it): the peak
-    is the upload and its text, not the upload, its base64 bytes and two copies of its text."""
-    text = f"data:{mime};base64,"
-    for at in range(0, len(data), window):
-        text += base64.b64encode(data[at:at + window]).decode("ascii")
-    return text
-
-
-#: The appends of :func:`_data_url_of` specialised at import (CPython 3.11 copies the text until
-#: the function has run a few times), so that the first upload is not copied either.
-_WARM = [_data_url_of("a/b", memoryview(b"abcdef" * 4), 3) for _ in range(8)]
+    """An upload as a ``data:`` URL (:mod:`.upload_url`): the one :func:`read_form` made as its
+    bytes arrived, else made of its bytes; its type is the part's, else the one its leading
+    bytes show, else guessed from its name (a name's type is never checked against the bytes)."""
+    if upload.url is not None:
+        return upload.url
+    return data_url_of(upload.content_type, upload.filename, upload.data)
 
 
 def form_value(form: Form, properties: dict[str, dict[str, Any]],

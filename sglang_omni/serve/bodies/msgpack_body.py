@@ -26,13 +26,14 @@ from starlette.requests import Request
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
+from sglang_omni.serve.bodies.msgpack_runs import StringSplitter
 from sglang_omni.serve.bodies.request_body import (
     THREAD_PARSE_BYTES,
     check_depth,
     check_wire_value,
     join_path,
-    read_body,
     settings_of,
+    stream_batches,
     too_many_values,
 )
 
@@ -115,15 +116,18 @@ class _ValueCount:
         return pairs
 
 
-def decode_msgpack(raw: bytes, max_depth: int, binary_ok: Collection[str] = (),
-                   max_values: int = ServerSettings.max_json_values) -> Any:
+def decode_msgpack(raw: bytes | bytearray, max_depth: int, binary_ok: Collection[str] = (),
+                   max_values: int = ServerSettings.max_json_values,
+                   strings: StringSplitter | None = None) -> Any:
     """Decode and check one msgpack value (see the module contract): at most ``max_values``
-    values (an array or map longer than that is refused before it is built)."""
+    values (an array or map longer than that is refused before it is built). ``strings``: the
+    splitter ``raw`` is the text of (its long strings are put back in their places)."""
     count = _ValueCount(max_values)
+    hook = {} if strings is None else {"ext_hook": strings.ext_hook}
     try:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False, list_hook=count.array,
                                 object_hook=count.map, max_array_len=max_values,
-                                max_map_len=max_values)
+                                max_map_len=max_values, **hook)
     except (msgpack.exceptions.StackError, RecursionError):  # StackError has no message
         raise _nested_too_deeply(max_depth) from None
     except (ValueError, TypeError) as exc:  # msgpack's own errors are ValueErrors
@@ -144,13 +148,27 @@ def _nested_too_deeply(max_depth: int) -> BadRequest:
 
 
 async def read_msgpack_body(request: Request) -> Any:
-    """The checked value of a msgpack request body."""
+    """The checked value of a msgpack request body. Long strings are set aside while the body
+    arrives (:mod:`.msgpack_runs`), so the body is held about once while it is decoded."""
     settings = settings_of(request)
-    raw = await read_body(request, settings)
-    if len(raw) > THREAD_PARSE_BYTES:
-        return await asyncio.to_thread(decode_msgpack, raw, settings.max_json_depth, (),
-                                       settings.max_json_values)
-    return decode_msgpack(raw, settings.max_json_depth, (), settings.max_json_values)
+    strings = StringSplitter(max_values=settings.max_json_values)
+    await stream_batches(request, settings, strings.feed_all)  # a Python step per value
+    strings.finish()
+    held, strings.text = [strings.text], bytearray()
+    if len(held[0]) > THREAD_PARSE_BYTES or strings.strings:
+        return await asyncio.to_thread(_decode_taken, held, settings, strings)
+    return _decode_taken(held, settings, strings)
+
+
+def _decode_taken(held: list[bytearray], settings: ServerSettings,
+                  strings: StringSplitter) -> Any:
+    """:func:`decode_msgpack` of the one item of ``held``, taken from it so the text is dropped
+    once decoded; the strings set aside are let go once in the value."""
+    try:
+        return decode_msgpack(held.pop(), settings.max_json_depth, (), settings.max_json_values,
+                              strings)
+    finally:
+        strings.strings.clear()
 
 
 def wants_msgpack(request: Request) -> bool:

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -45,6 +45,8 @@ INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 #: Bodies larger than this are parsed off the event loop.
 THREAD_PARSE_BYTES = 256 * 1024
+#: Bytes of a streamed body handed to its parser at a time, off the event loop.
+FEED_BATCH_BYTES = 1024 * 1024
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 #: What in a JSON text may make a value the wire check refuses: a surrogate escape (a lone
 #: surrogate), 19 digits in a row (an integer out of range, a huge mantissa) or an exponent of
@@ -83,8 +85,9 @@ async def read_body(request: Request, settings: ServerSettings) -> bytes:
 
 
 async def stream_body(request: Request, settings: ServerSettings,
-                      take: Callable[[bytes], None]) -> None:
-    """Hand the body's chunks to ``take`` as they arrive, under :func:`read_body`'s limits."""
+                      take: Callable[[bytes], Awaitable[None] | None]) -> None:
+    """Hand the body's chunks to ``take`` as they arrive, under :func:`read_body`'s limits
+    (awaiting what it returns, when it returns an awaitable)."""
     limit = settings.max_body_bytes
     lease: BodyLease | None = getattr(request.state, "body_lease", None)
     declared = request.headers.get("content-length")
@@ -102,7 +105,9 @@ async def stream_body(request: Request, settings: ServerSettings,
                     raise _too_large(limit)
                 if lease is not None:
                     lease.cover(size)
-                take(chunk)
+                taken = take(chunk)
+                if taken is not None:
+                    await taken
     except TimeoutError:
         raise RequestTooSlow(
             f"the request body did not arrive within {settings.body_timeout_s:g} s "
@@ -110,6 +115,32 @@ async def stream_body(request: Request, settings: ServerSettings,
     except ClientDisconnect:
         raise BadRequest("the client closed the connection before sending the whole body") \
             from None
+
+
+async def stream_batches(request: Request, settings: ServerSettings,
+                         feed_all: Callable[[list[bytes]], None],
+                         batch_bytes: int = FEED_BATCH_BYTES) -> None:
+    """Hand the body's chunks to ``feed_all`` (which empties the list it is given) a batch of
+    about ``batch_bytes`` at a time, off the event loop (a parser's Python steps per byte or
+    per value never hold the loop), under :func:`read_body`'s limits; the last batch on the loop
+    when the whole body is small (at most :data:`THREAD_PARSE_BYTES`)."""
+    batch: list[bytes] = []
+    held = total = 0
+
+    async def take(chunk: bytes) -> None:
+        nonlocal held, total
+        batch.append(chunk)
+        held += len(chunk)
+        total += len(chunk)
+        if held >= batch_bytes:
+            held = 0
+            await asyncio.to_thread(feed_all, batch)
+
+    await stream_body(request, settings, take)
+    if total > THREAD_PARSE_BYTES:
+        await asyncio.to_thread(feed_all, batch)
+    else:
+        feed_all(batch)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
