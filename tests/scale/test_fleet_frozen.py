@@ -26,7 +26,7 @@ from tests.scale.test_fleet_faults import (  # noqa: E402
     gone,
     held,
     processes,
-    wait_in_flight,
+    wait_first_call,
 )
 
 CHECK_S = 1.0
@@ -47,10 +47,9 @@ def test_a_frozen_replica_is_replaced_and_its_request_ends(cluster: RayCluster) 
                           "--generation.factory.stall_timeout_s", str(STALL_S),
                           router="round_robin", health_check_s=CHECK_S)
     before = fleet.by_id()
-    first, second = sorted(before)  # round robin takes them in this order
-    victim = before[first]
     mine = Call(fleet.url, held(60), stream=True)
-    wait_in_flight(fleet, [1, 0])
+    first, second = wait_first_call(fleet)
+    victim = before[first]
     # Its answer has started (a call the replica took but had not answered when it froze is
     # not asked elsewhere either: it fails with 500 at once, test_fleet_freeze_retry).
     deadline = time.monotonic() + 30
