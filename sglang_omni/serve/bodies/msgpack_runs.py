@@ -25,6 +25,7 @@ import msgpack
 
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import BadRequest
+from sglang_omni.serve.bodies.growing_text import growing_text
 
 #: Strings of at least this many bytes are set aside.
 MIN_STRING = 64 * 1024
@@ -57,19 +58,6 @@ def _header(lead: int) -> tuple[int, str | None, str] | None:
     if lead <= 0xbf:  # fixstr: a short string, copied
         return 1, None, "fix"
     return _HEADERS.get(lead)
-
-
-def _grow(text: str) -> Generator[str | None, str | None, None]:
-    """Appends each piece sent to ``text`` in place (CPython appends to a string only this frame
-    holds without copying it, once the append is specialised: :data:`_WARM`); sent None,
-    yields the text."""
-    while True:
-        piece = yield None
-        if piece is None:
-            break
-        text += piece
-        del piece
-    yield text
 
 
 class StringSplitter:
@@ -155,7 +143,7 @@ class StringSplitter:
         self.text += msgpack.packb(msgpack.ExtType(EXT_CODE, _PLACEHOLDER.pack(self._key, index)))
         self._take = length
         self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
-        self._string = _grow("")
+        self._string = growing_text("")
         next(self._string)
 
     def _take_string(self, data: bytearray) -> None:
@@ -193,6 +181,6 @@ def _warm() -> str:
     return splitter.strings[0]
 
 
-#: The appends of :func:`_grow` specialised at import (CPython 3.11 copies the text until they
-#: have run a few times), so that the first long string is not copied either.
+#: The reader run a few times at import (its own paths warmed, as growing_text warms its
+#: appends), so that the first long string is not copied either.
 _WARM = [_warm() for _ in range(4)]

@@ -14,6 +14,7 @@ import mimetypes
 from collections.abc import Generator
 
 from sglang_omni.media.sniff import HEAD_BYTES, MIME_OF_FORMAT, sniff_format
+from sglang_omni.serve.bodies.growing_text import growing_text
 
 #: Bytes of an upload encoded at a time (a multiple of 3).
 ENCODE_WINDOW = 3 * 64 * 1024
@@ -29,19 +30,6 @@ def upload_mime(content_type: str | None, filename: str, head: bytes) -> str:
     if found is not None:
         return MIME_OF_FORMAT[found][0]
     return mimetypes.guess_type(filename)[0] or "application/octet-stream"
-
-
-def _grow(text: str) -> Generator[str | None, str | None, None]:
-    """Appends each piece sent to ``text``; sent None, yields the text. The text grows in place:
-    CPython appends to a string only this frame holds without copying it (a realloc), once the
-    append is specialised (:data:`_WARM` runs it at import)."""
-    while True:
-        piece = yield None
-        if piece is None:
-            break
-        text += piece
-        del piece
-    yield text
 
 
 class UrlBuilder:
@@ -73,7 +61,7 @@ class UrlBuilder:
         if self._text is None:
             mime = upload_mime(self._content_type, self._filename,
                                bytes(self._pending[:HEAD_BYTES]))
-            self._text = _grow(f"data:{mime};base64,")
+            self._text = growing_text(f"data:{mime};base64,")
             next(self._text)
         return self._text
 
@@ -96,6 +84,6 @@ def data_url_of(content_type: str | None, filename: str, data: bytes | memoryvie
     return builder.finish()
 
 
-#: The appends of :func:`_grow` specialised at import (CPython 3.11 copies the text until they
-#: have run a few times), so that the first upload is not copied either.
+#: The builder run a few times at import (its own paths warmed, as growing_text warms its
+#: appends), so that the first upload is not copied either.
 _WARM = [data_url_of("a/b", "", b"abcdef" * 8, 3) for _ in range(4)]
