@@ -31,7 +31,7 @@ import anyio
 
 from sglang_omni.errors import MediaFetchFailed, MediaRefused
 from sglang_omni.media import local
-from sglang_omni.media.inline import InlineRejected
+from sglang_omni.media.inline import InlineRejected, inline_payload
 from sglang_omni.media.policy import (
     NO_LOCAL_MEDIA,
     InlineMedia,
@@ -48,7 +48,7 @@ from sglang_omni.media.sniff import (
     sniff_format,
 )
 from sglang_omni.media.stats import MEDIA_STATS
-from sglang_omni.media.verify import inline_payload, verify_inline
+from sglang_omni.media.verify import verify_inline
 
 #: Base64 characters that decode to at least :data:`HEAD_BYTES` bytes (a multiple of 4).
 _HEAD_CHARS = -(-HEAD_BYTES // 3) * 4

@@ -94,6 +94,14 @@ def parse_data_url(ref: str) -> InlinePayload:
     return InlinePayload(ref, mime, comma + 1)
 
 
+def inline_payload(text: str) -> InlinePayload:
+    """The payload of an inline value that is a ``data:`` URL or bare base64 (the action route's
+    ``{"b64_json": ...}``); :class:`InlineRejected` for another ``data:`` form."""
+    if text[:5].lower() == "data:":
+        return parse_data_url(text)
+    return InlinePayload(text, None)
+
+
 def decode(payload: InlinePayload) -> bytes:
     """Decode a strict base64 payload; raises :class:`InlineRejected` when it is not one."""
     try:

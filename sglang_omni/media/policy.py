@@ -221,9 +221,7 @@ class MediaPolicy:
             return MediaRefused(f"{label}: {rule} (got {preview(text)})")
 
         try:
-            payload = inline.parse_data_url(text) if text[:5].lower() == "data:" \
-                else inline.InlinePayload(text, None)
-            return self._inline(payload, refuse)
+            return self._inline(inline.inline_payload(text), refuse)
         except inline.InlineRejected as e:
             raise refuse(str(e)) from None
 

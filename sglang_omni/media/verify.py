@@ -208,12 +208,3 @@ async def verify_fetched(media: bytes | bytearray | Path, *, label: str, url: st
     except NotMedia as exc:
         raise MediaFetchFailed(f"{label}: fetching {preview(url)} failed: the media host sent "
                                f"no readable image or video: {exc}") from None
-
-
-def inline_payload(text: str) -> inline.InlinePayload:
-    """The payload of an inline value that is a ``data:`` URL or bare base64 (the action route's
-    ``{"b64_json": ...}``); :class:`~sglang_omni.media.inline.InlineRejected` for another
-    ``data:`` form."""
-    if text[:5].lower() == "data:":
-        return inline.parse_data_url(text)
-    return inline.InlinePayload(text, None)
