@@ -85,8 +85,9 @@ def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy, *,
     In order: more references than ``max_media_parts``; any reference the policy refuses;
     inline data whose decoded sizes add up to more than ``max_media_bytes``. ``inline_images``:
     ``(label, text)`` of images sent inline outside a reference (the action route's
-    ``{"b64_json": ...}``), held to the same per-file limit and counted in the same
-    ``max_media_bytes`` as inline references. No network I/O.
+    ``{"b64_json": ...}``), each one media item of ``max_media_parts``, held to the same
+    per-file limit and counted in the same ``max_media_bytes`` as inline references. No
+    network I/O.
     """
     checked = list(refs)
     try:
@@ -100,9 +101,10 @@ def check_media_refs(refs: Iterable[tuple[str, str]], policy: MediaPolicy, *,
 def _check_media_refs(refs: list[tuple[str, str]], policy: MediaPolicy,
                       inline_images: list[tuple[str, str]]) -> None:
     limit = policy.max_media_parts
-    if limit is not None and len(refs) > limit:
+    labels = [label for label, _ in refs] + [label for label, _ in inline_images]
+    if limit is not None and len(labels) > limit:
         raise _size(MediaRefused(
-            f"{refs[limit][0]}: the request carries {len(refs)} media references, more than "
+            f"{labels[limit]}: the request carries {len(labels)} media references, more than "
             f"the limit of {limit} ({MEDIA_PARTS_FLAG} {limit}); send at most {limit} images, "
             "videos and audios per request, or raise the limit"
         ))

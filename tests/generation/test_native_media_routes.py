@@ -242,6 +242,17 @@ def test_action_form_refusals_come_before_any_work(server: Server, data: dict, f
     assert says in refused(server, "/v1/actions/generations", data=data, files=files)
 
 
+def test_b64_json_images_count_against_max_media_parts(server: Server) -> None:
+    """33 ``{"b64_json": ...}`` images (2.9 KiB together, under this server's 4 KiB of inline
+    media) are more media items than ``max_media_parts`` (32) allows: 400 naming the first one
+    over the limit, before any work."""
+    images = {f"cam{i}": observation() for i in range(33)}
+    says = refused(server, "/v1/actions/generations", json={
+        "input": {"task": "t", "images": images}, "parameters": DROID})
+    assert says.startswith("input.images.cam32.b64_json: the request carries 33 media "), says
+    assert "--server.max_media_parts 32" in says
+
+
 def test_action_metadata(server: Server) -> None:
     meta = HTTP.get(f"{server.url}/v1/actions/metadata").json()
     assert meta["object"] == "action.metadata" and meta["policy_family"] == "cosmos3"

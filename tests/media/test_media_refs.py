@@ -160,3 +160,22 @@ def test_b64_json_images_count_like_inline_references() -> None:
                          inline_images=[("input.image.b64_json", one)])
     assert "input.image.b64_json: inline media is larger than the 0.0005 MB limit " \
         "(media_url_max_file_size_mb)" in info.value.message
+
+
+def test_b64_json_images_count_in_max_media_parts() -> None:
+    """Each ``{"b64_json": ...}`` image is one of the request's media items, beside its
+    references (they were counted in the bytes but not in the count)."""
+    one = base64.b64encode(b"x" * 10).decode()
+    policy = MediaPolicy(max_media_parts=2)
+    refs = [("input.video", "http://a/v.mp4")]
+    check_media_refs(refs, policy, inline_images=[("input.image.b64_json", one)])
+    with pytest.raises(MediaRefused) as info:
+        check_media_refs(refs, policy, inline_images=[("input.images.a.b64_json", one),
+                                                      ("input.images.b.b64_json", one)])
+    message = info.value.message
+    assert info.value.status == 400
+    assert message.startswith("input.images.b.b64_json: the request carries 3 media "), message
+    assert "--server.max_media_parts 2" in message
+    with pytest.raises(MediaRefused, match="max_media_parts 2"):
+        check_media_refs([], policy, inline_images=[(f"input.images.{i}.b64_json", one)
+                                                    for i in range(3)])
