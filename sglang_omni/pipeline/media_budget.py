@@ -11,8 +11,11 @@ its media may take (:func:`worst_case_bytes`: each remote or local part the per-
 limit, each inline part its decoded size, all of them at most ``max_media_bytes``) and is
 refused with 503 and Retry-After when that does not fit beside what the running requests hold.
 Once its media are read the reservation settles to their real size
-(:meth:`MediaReservation.settle`), and it is released exactly once when the request ends,
-however it ends (:meth:`MediaReservation.release` is idempotent; the request's release runs it).
+(:meth:`MediaReservation.settle`), and it is released exactly once: as the request's answer
+is complete (its last byte handed to the server: the request reads no media after it, and its
+state may take a while longer to be released), or when the request ends otherwise, however it
+ends (:meth:`MediaReservation.release` is idempotent; the request's answer and its release
+both run it).
 
 Used from one event loop: ``reserve`` never awaits, so the check and the count are atomic.
 """

@@ -352,11 +352,15 @@ class Orchestrator:
         return rid
 
     def _answered(self, state: RequestState) -> None:
-        """End what counts ``state`` against admission: its chat ticket and its place in the
-        deadline plan (idempotent). Run as its response goes out (``admitted`` no longer counts
-        it from then) and again by its release."""
+        """End what counts ``state`` against admission: its chat ticket, its place in the
+        deadline plan and its bytes in the client media budget (idempotent). Run as its
+        response's last byte goes out (``admitted`` no longer counts it from then, and a
+        finished request's media do not hold the budget while its state is still being
+        released) and again by its release (a request that ends otherwise)."""
         if state.ticket is not None:
             state.ticket.release()
+        if state.media_hold is not None:
+            state.media_hold.release()
         if state.plan is not None and state.rid is not None:
             self.scheduler.release(state.rid)
 

@@ -12,7 +12,7 @@ those frames, and the bytes of only the items the stage process does not hold ye
   and all within the request's media deadline (:func:`~sglang_omni.media.gather.load_all`).
   Every turn reads the same bytes, and no base64 travels inside a stage message header. Their
   size settles the request's reservation in the server's client media budget
-  (:mod:`~sglang_omni.pipeline.media_budget`), released when the request ends.
+  (:mod:`~sglang_omni.pipeline.media_budget`), released when the request is answered or ends.
 * Generated media are the adapter's frames: frame *N* keeps its key for the request (an
   adapter's ``frames`` list only grows, and an index always names the same bytes).
 * When the stage process that holds the items is gone (it restarted mid-request), the turn fails

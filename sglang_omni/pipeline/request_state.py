@@ -69,7 +69,7 @@ class RequestState:
         self.doom: Doom | None = None
         self.media: ReasonerMedia | None = None
         #: Its bytes in the server's client media budget (``pipeline.media_budget``),
-        #: released with the state.
+        #: released once it is answered (``mark_answered``), or with the state.
         self.media_hold: MediaReservation | None = None
         #: Whether a Reasoner stage saw the request (it is told the request ended).
         self.on_reasoner = False

@@ -221,3 +221,38 @@ def test_text_only_chat_counts_its_media_against_the_budget(text_only: Server,
         thread.join(120)
     assert first and first[0].status_code == 200, first
     released(text_only)
+
+
+def pipelined_queue_after(server: Server, payload: dict) -> tuple[bytes, dict]:
+    """Send ``payload`` to /v1/chat/completions and, on the same connection right behind it,
+    ``GET /v1/queue``: the server reads the second request once the first is answered whole,
+    so the queue it reports is the one the client sees as it has the answer. The first
+    response's bytes, and the queue."""
+    data = json.dumps(payload).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s"
+                     b"GET /v1/queue HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                     % (len(data), data))
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    first, _, second = got.rpartition(b"HTTP/1.1 ")
+    assert second.startswith(b"200"), got[-2000:]
+    return first, json.loads(second.partition(b"\r\n\r\n")[2])
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_budget_released_as_the_answer_is_complete(budget: Server, host: GateHost,
+                                                   stream: bool) -> None:
+    """A request's client media stop counting once its answer is complete, not when its
+    state is released later (a stream's closing, the stages told it ended): the queue read
+    right behind the answer on its connection holds none of them."""
+    released(budget)
+    host.open.set()
+    first, queue = pipelined_queue_after(budget, body(host.url("/gate/answered"),
+                                                      stream=stream))
+    assert first.startswith(b"HTTP/1.1 200"), first[:500]
+    assert b"sha256" in first  # the answer names the image it read
+    assert queue["client_media_bytes"] == 0, queue
