@@ -59,7 +59,8 @@ class ServerSettings:
     #: (a request over it fails like a fetch that times out, 500).
     media_request_deadline_s: float = 120.0
     #: Client media bytes all running requests may hold at once (fetched, decoded or read by the
-    #: server, kept by the Reasoner stage until the request ends). Each request reserves the
+    #: server, kept by the Reasoner stage until the request ends; a direct generation's image
+    #: and video inputs, read by the generation stage, until it ends). Each request reserves the
     #: most its media may take before any fetch (503 with Retry-After when that does not fit
     #: beside the others), and keeps what they took. The default is the spec's arithmetic:
     #: max_active (32) requests at max_retained_bytes (128 MiB) each, 4 GiB.

@@ -2,9 +2,12 @@
 
 A request's client media are read by the server (fetched, decoded from inline data, read from
 local files) and then kept by the Reasoner stage until the request ends; the server drops its
-copy once the stage holds the items. So each process holds at most the budget's bytes of client
-media: ``server.max_client_media_bytes`` (4 GiB by default: max_active 32 requests at
-max_retained_bytes 128 MiB each, the spec's arithmetic).
+copy once the stage holds the items. A direct generation's media (an edit's image, a video's
+``image_path``/``video_path``, an action's observation) are read by the generation stage while
+it runs the generation, and count from the request's admission until that generation ends. So
+each process holds at most the budget's bytes of client media: ``server.max_client_media_bytes``
+(4 GiB by default: max_active 32 requests at max_retained_bytes 128 MiB each, the spec's
+arithmetic).
 
 Admission (:meth:`MediaBudget.reserve`) happens before any fetch: a request reserves the most
 its media may take (:func:`worst_case_bytes`: each remote or local part the per-fetch size
@@ -93,16 +96,24 @@ class MediaBudget:
 
 def worst_case_bytes(messages: Iterable[Any], policy: MediaPolicy) -> int:
     """The most bytes the client media of ``messages`` may take once read under ``policy``:
+    :func:`refs_worst_case` of their media parts' references."""
+    return refs_worst_case((part.url for part in iter_content_parts(list(messages))
+                            if part.kind in MEDIA_PART_KINDS.values() and part.url is not None),
+                           policy)
+
+
+def refs_worst_case(refs: Iterable[str], policy: MediaPolicy) -> int:
+    """The most bytes the media references ``refs`` may take once read under ``policy``:
     each distinct reference counted once (a request reads it once), remote and local ones at
-    the per-fetch limit, inline ones at their decoded size; at most ``max_media_bytes``. A
-    reference the policy refuses counts nothing (the read refuses it, 400)."""
+    the per-fetch limit, inline ones (``data:`` URLs, bare base64) at their decoded size; at
+    most ``max_media_bytes``. A reference the policy refuses counts nothing (the read refuses
+    it, 400)."""
     cap = policy.max_media_bytes
     per_part = policy.max_bytes if policy.max_bytes is not None else cap
     seen: set[str] = set()
     total = 0
-    for part in iter_content_parts(list(messages)):
-        url = part.url
-        if part.kind not in MEDIA_PART_KINDS.values() or url is None or url in seen:
+    for url in refs:
+        if url in seen:
             continue
         seen.add(url)
         total += _part_bytes(url, policy, per_part, cap)

@@ -57,6 +57,13 @@ def check_action(ctx: DirectContext, body: dict[str, Any]) -> dict[str, Any]:
     return checked
 
 
+def action_media(body: dict[str, Any]) -> list[str]:
+    """The media the generation stage reads for the checked action ``body``: its references
+    and its ``{"b64_json": ...}`` images (for the client media budget)."""
+    return [ref for _, ref in action_media_refs(body)] + \
+        [text for _, text in action_inline_images(body)]
+
+
 def action_answer(ctx: DirectContext, result: StageResult, body: dict[str, Any]) -> dict[str, Any]:
     """The answer to a finished action: native's envelope, or the raw output it holds."""
     response = result.payload.get("action")
@@ -94,7 +101,8 @@ def add_action_routes(router: APIRouter, ctx: DirectContext) -> None:
         await admit_media(action_media_refs(body), ctx.policy,
                           inline_images=action_inline_images(body))
         rid = ctx.new_rid()
-        result = await ctx.call(request, rid, {"modality": "action", "request": body})
+        result = await ctx.call(request, rid, {"modality": "action", "request": body},
+                                action_media(body))
         if result is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         answer = action_answer(ctx, result, body)

@@ -3,6 +3,7 @@ resources the routes own (video jobs, images held for ``url`` answers)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from sglang_omni.config.server import ServerSettings
 from sglang_omni.contract.model import ServedModel, served_model
 from sglang_omni.contract.result import StageResult
 from sglang_omni.media.policy import MediaPolicy
+from sglang_omni.pipeline.media_budget import MediaReservation, refs_worst_case
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.direct.direct_admission import DirectAdmission
@@ -72,22 +74,36 @@ class DirectContext:
         note_rid(rid)
         return rid
 
-    async def admitted(self, rid: str, payload: dict[str, Any]) -> StageResult:
+    def hold_media(self, media: Iterable[str]) -> MediaReservation:
+        """Reserve the most the generation stage may read for the media references ``media``
+        (paths, URLs, inline data; each distinct one once) in the server's client media
+        budget: ServiceUnavailable (503, Retry-After) when it does not fit beside what the
+        running requests hold. The caller releases it once the generation ended."""
+        return self.orchestrator.media_budget.reserve(refs_worst_case(media, self.policy))
+
+    async def admitted(self, rid: str, payload: dict[str, Any],
+                       media: Iterable[str] = ()) -> StageResult:
         """Run one generation on the generation stage under an admission ticket of
         :attr:`admission` (ServiceUnavailable, 503, when refused or while the server is
         unhealthy). The one way an image or action request, a realtime action and each chunk
         of a realtime video session reach the stage: each holds its ticket for that
-        generation only, never for a whole connection."""
+        generation only, never for a whole connection. ``media``: the references the stage
+        reads for it, held in the client media budget (:meth:`hold_media`) from now until the
+        generation ends."""
         self.stage()  # 503 at once while the server is unhealthy
-        async with self.admission.slot():
-            return await self.stage().call(rid, payload)
+        hold = self.hold_media(media)
+        try:
+            async with self.admission.slot():
+                return await self.stage().call(rid, payload)
+        finally:
+            hold.release()
 
-    async def call(self, request: Request, rid: str,
-                   payload: dict[str, Any]) -> StageResult | None:
+    async def call(self, request: Request, rid: str, payload: dict[str, Any],
+                   media: Iterable[str] = ()) -> StageResult | None:
         """Run a generation for a waiting client (:meth:`admitted`); None when the client went
         away (aborted, waiting or running)."""
         try:
-            return await until_disconnect(request, self.admitted(rid, payload))
+            return await until_disconnect(request, self.admitted(rid, payload, media))
         except ClientDisconnected:
             return None
 

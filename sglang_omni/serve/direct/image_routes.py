@@ -46,14 +46,15 @@ EDIT_UPLOADS = ("image", "image[]", "mask")
 
 
 async def generate_image(request: Request, ctx: DirectContext, fields: dict[str, Any],
-                         options: dict[str, Any]) -> Response:
-    """Run one image generation and answer in the requested format."""
+                         options: dict[str, Any], media: tuple[str, ...] = ()) -> Response:
+    """Run one image generation and answer in the requested format; ``media``: the
+    references the stage reads for it (held in the client media budget while it runs)."""
     response_format = check_image_format(fields)
     ctx.model.check_generation_limits(options, ctx.settings, video=False, backend=ctx.backend,
                                       multiple=ctx.multiple)
     rid = ctx.new_rid()
     result = await ctx.call(request, rid, {"modality": "image", "prompt": fields["prompt"],
-                                           "options": options})
+                                           "options": options}, media)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     data = single_media("image", result)
@@ -115,7 +116,7 @@ def add_image_routes(router: APIRouter, ctx: DirectContext) -> None:
                                 "/v1/images/edits")
         label, options["image_path"] = edit_image_ref(ctx, fields)
         await admit_media([(label, options["image_path"])], ctx.policy)
-        return await generate_image(request, ctx, fields, options)
+        return await generate_image(request, ctx, fields, options, (options["image_path"],))
 
     @router.get("/v1/images/{image_id}/content",
                 responses={200: {"content": {"image/png": {}}, "description": "the PNG"}})

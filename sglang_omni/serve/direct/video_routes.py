@@ -102,6 +102,8 @@ def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
         plan = plan_video(ctx, fields, options)
         await admit_media(plan.media, ctx.policy)
         handle = ctx.stage()
+        # the stage reads the job's media as it runs: they count until the job ends
+        hold = ctx.hold_media(ref for _, ref in plan.media)
         job = VideoJob(ctx.new_rid(), fields.get("model") or ctx.served_name, plan.size,
                        plan.seconds)
         response = json_response(job.body())  # answerable before it is stored
@@ -112,7 +114,13 @@ def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
                                        on_chunk=job.on_progress)
             return single_media("video", result), result.engine_s
 
-        videos.start(job, work)
+        try:
+            videos.start(job, work)
+        except BaseException:
+            hold.release()
+            raise
+        assert job.task is not None
+        job.task.add_done_callback(lambda _task: hold.release())
         return response
 
     @router.get("/v1/videos", responses={200: {"model": VideoJobList}})

@@ -35,7 +35,12 @@ from sglang_omni.media.action_refs import action_inline_images, action_media_ref
 from sglang_omni.media.admission import admit_media
 from sglang_omni.serve.bodies.body_budget import BodyBudget, BodyLease
 from sglang_omni.serve.bodies.msgpack_body import with_native_arrays
-from sglang_omni.serve.direct.action_routes import action_answer, check_action, metadata_of
+from sglang_omni.serve.direct.action_routes import (
+    action_answer,
+    action_media,
+    check_action,
+    metadata_of,
+)
 from sglang_omni.serve.direct.direct_context import DirectContext
 from sglang_omni.serve.realtime.ws_messages import WS_INTERNAL_ERROR, close, decode, receive, send
 from sglang_omni.serve.wire.http_errors import GENERIC_500
@@ -78,7 +83,8 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
     that arrive meanwhile wait in ``held.inbox`` (at most :data:`MAX_WAITING`, then reading
     pauses)."""
     rid = ctx.new_rid()
-    finish = await race(ctx.admitted(rid, {"modality": "action", "request": body}),
+    finish = await race(ctx.admitted(rid, {"modality": "action", "request": body},
+                                     action_media(body)),
                         _hold_messages(websocket, held))
     if finish.index == 1:
         raise _Left()

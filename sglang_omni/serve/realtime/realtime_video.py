@@ -52,6 +52,7 @@ from sglang_omni.errors import BadRequest, OmniError, ServerError, ShuttingDown
 from sglang_omni.media.admission import admit_media
 from sglang_omni.media.decode import decode_mp4_frames
 from sglang_omni.media.encode import encode_png
+from sglang_omni.media.refs import iter_generation_media_refs
 from sglang_omni.serve.direct.direct_context import DirectContext, single_media
 from sglang_omni.serve.direct.direct_fields import VIDEO_FIELDS, flatten, split
 from sglang_omni.serve.direct.video_routes import VideoPlan, plan_video
@@ -178,7 +179,8 @@ async def _generate(ctx: DirectContext, websocket: WebSocket, session: Session) 
     for index in range(session.max_chunks):
         rid = ctx.new_rid()
         result = await ctx.admitted(rid, {"modality": "video", "prompt": session.prompt,
-                                          "options": dict(options)})
+                                          "options": dict(options)},
+                                    [ref for _, ref in iter_generation_media_refs(options)])
         data = single_media("video", result)
         message = {"type": "frame_batch", "request_id": rid, "chunk_index": index,
                    "content_type": "video/mp4", "num_frames": options["num_frames"],
