@@ -33,10 +33,11 @@ from sglang_omni.errors import (
     StageRestarting,
 )
 from sglang_omni.media import MediaPolicy
+from sglang_omni.media.refs import GENERATION_MEDIA_KEYS
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.chat_admission import ChatAdmission
 from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
-from sglang_omni.pipeline.media_budget import MediaBudget, worst_case_bytes
+from sglang_omni.pipeline.media_budget import MediaBudget, refs_worst_case, worst_case_bytes
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
@@ -439,8 +440,10 @@ class Orchestrator:
                 f"the server is at stages.orchestrator.factory.max_active ({self.max_active}) "
                 "requests; retry later"
             )
+        # the generation stage reads stage_params' image_path/video_path for the whole request
+        generation_refs = refs_worst_case(self._generation_refs(request), self.policy)
         state.media_hold = self.media_budget.reserve(
-            worst_case_bytes(request.messages, self.policy))
+            worst_case_bytes(request.messages, self.policy) + generation_refs)
         run = self.controller.open(request)
         try:
             plan = self.scheduler.admit(request.rid, request.waited_s,
@@ -452,8 +455,23 @@ class Orchestrator:
             raise
         state.run, state.plan = run, plan
         state.doom, state.progress = Doom(), RunProgress()
-        state.media = ReasonerMedia(request.rid, self.policy, state.media_hold)
+        state.media = ReasonerMedia(request.rid, self.policy, state.media_hold,
+                                    also_held=generation_refs)
         return run
+
+    def _generation_refs(self, request: UMMRequest) -> list[str]:
+        """The media references of ``request``'s ``stage_params`` for its generation stages
+        (``image_path``/``video_path``: the stage reads them for each generation)."""
+        refs: list[str] = []
+        for name, handle in self.stages.handles.items():
+            params = request.stage_params.get(name)
+            if handle.spec.role != "generation" or not isinstance(params, Mapping):
+                continue
+            for key in GENERATION_MEDIA_KEYS:
+                value = params.get(key)
+                refs += [v for v in (value if isinstance(value, list) else [value])
+                         if isinstance(v, str)]
+        return refs
 
     def _asked_steps(self, request: UMMRequest) -> int | None:
         """The denoising steps ``request`` asks of its generations (``stage_params`` of the

@@ -59,12 +59,14 @@ class ReasonerMedia:
     """The media of one interleaved request; :meth:`close` when the request ends."""
 
     def __init__(self, rid: str, policy: MediaPolicy,
-                 reservation: MediaReservation | None = None) -> None:
+                 reservation: MediaReservation | None = None, also_held: int = 0) -> None:
         self.rid = rid
         self.policy = policy
         #: The request's place in the server's client media budget: settled to the bytes read
-        #: once the client media are in, released by :meth:`close`.
+        #: once the client media are in (plus ``also_held``: what other stages may read for
+        #: the request, its generations' image_path/video_path), released by :meth:`close`.
         self.reservation = reservation
+        self._also_held = also_held
         #: Client media references -> their key, and the bytes of those not sent yet.
         self._client_keys: dict[str, str] = {}
         self._unsent: dict[str, bytes] = {}
@@ -131,7 +133,7 @@ class ReasonerMedia:
             self._unsent[key] = item
             self._client_bytes += len(item)
         if self.reservation is not None:
-            self.reservation.settle(self._client_bytes)
+            self.reservation.settle(self._client_bytes + self._also_held)
 
     def sent(self, handle: StageHandle, call: ReasonerCall) -> None:
         """``call`` reached ``handle``'s stage: it holds the new items now (the server keeps

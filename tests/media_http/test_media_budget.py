@@ -11,6 +11,7 @@ fetch allowed far longer.
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -77,6 +78,14 @@ def held(server: Server) -> float:
         if line.startswith("sgl_omni_client_media_bytes "):
             return float(line.split()[1])
     raise AssertionError("no sgl_omni_client_media_bytes gauge in /metrics")
+
+
+def stage_media(server: Server) -> float:
+    """The media bytes the Reasoner stage holds for its requests (its last heartbeat's)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('sgl_omni_stage_request_media_bytes{stage="reasoner"}'):
+            return float(line.split()[1])
+    return 0.0
 
 
 def released(server: Server) -> None:
@@ -256,3 +265,29 @@ def test_budget_released_as_the_answer_is_complete(budget: Server, host: GateHos
     assert first.startswith(b"HTTP/1.1 200"), first[:500]
     assert b"sha256" in first  # the answer names the image it read
     assert queue["client_media_bytes"] == 0, queue
+
+
+def test_generation_media_of_stage_params_count_against_the_budget(budget: Server,
+                                                                   host: GateHost) -> None:
+    """``stage_params.generation.image_path`` is read by the generation stage for the
+    request's generations: it counts from admission (at its worst case) to the request's end,
+    even once the request's own media are read and settled (here: one 4x4 PNG, inline)."""
+    released(budget)
+    host.open.set()
+    slow = [{"action": "final", "text": "{media}", "delay_s": 600}]
+    own = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    payload = {**body(own, script=slow),
+               "stage_params": {"generation": {"image_path": host.url("/gate/gen.png")}}}
+    data = json.dumps(payload).encode()
+    with socket.create_connection(("127.0.0.1", budget.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        # its media read (the reservation settled) and sent: the Reasoner stage holds them
+        wait_for(lambda: stage_media(budget) == len(PNG), timeout=60)
+        assert held(budget) == RESERVED + len(PNG)
+        refused = httpx.post(f"{budget.url}/v1/chat/completions",
+                             json=body(host.url("/gate/beside")), timeout=60)
+        assert refused.status_code == 503, refused.text
+        assert not host.seen("/gate/beside")
+    released(budget)  # its client left
