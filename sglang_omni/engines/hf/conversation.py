@@ -3,7 +3,7 @@
 Text parts stay text; ``image_url`` and ``video_url`` parts become ``{"type": "image"}`` and
 ``{"type": "video"}`` placeholders for the chat template, and their media are read (inline frames
 from the job, which an interleaved request's stage keeps for the request, everything else under
-the media policy) into
+the media policy, a few at a time and all within the request's media deadline) into
 :class:`MediaItem` s named by the sha256 of their bytes, in conversation order, which is the order
 the processor expands the placeholders in. An item is decoded only when its features are not
 kept already (``MediaItem.decoded``).
@@ -11,8 +11,10 @@ kept already (``MediaItem.decoded``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from sglang_omni.contract.job import Job
 from sglang_omni.errors import BadRequest
 from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
 from sglang_omni.media.content_parts import ContentPart, message_parts
+from sglang_omni.media.gather import gather_within
 
 
 @dataclass
@@ -57,8 +60,12 @@ class Conversation:
 
 
 async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
-    """The job's messages with every media part read and decoded (BadRequest on bad media)."""
+    """The job's messages with every media part read (BadRequest on bad media, decoded
+    later). The parts are read a few at a time, all within the policy's
+    ``request_deadline_s`` (:func:`~sglang_omni.media.gather.gather_within`: a request over it
+    fails like a fetch that times out)."""
     conversation = Conversation([])
+    reads: list[tuple[str, Callable[[], Awaitable[MediaItem]]]] = []
     with RequestMediaDir() as workdir:
         offset = int(job.payload.get("message_offset", 0))  # labels name the client's index
         for i, message in enumerate(job.payload.get("messages") or []):
@@ -74,16 +81,18 @@ async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
                 if part.kind == "text":
                     parts.append({"type": "text", "text": part.text})
                 elif part.kind in ("image", "video"):
-                    await _read_media(job, part, policy, workdir, conversation)
+                    reads.append((part.label, functools.partial(_read_media, job, part, policy,
+                                                                workdir)))
                     parts.append({"type": part.kind})
             conversation.messages.append({"role": message.get("role", "user"),
                                           "content": parts})
+        conversation.media = await gather_within(reads, policy)
     return conversation
 
 
 async def _read_media(job: Job, part: ContentPart, policy: MediaPolicy,
-                      workdir: RequestMediaDir, conversation: Conversation) -> None:
-    """Read an image or video part into ``conversation`` (decoded later, when needed)."""
+                      workdir: RequestMediaDir) -> MediaItem:
+    """An image or video part's item (decoded later, when needed)."""
     import anyio
 
     url, label = part.url or "", part.label
@@ -92,7 +101,7 @@ async def _read_media(job: Job, part: ContentPart, policy: MediaPolicy,
         data = await load_bytes(url, policy, workdir, label=label)
     data = bytes(data)
     digest = await anyio.to_thread.run_sync(_sha256, data)
-    conversation.media.append(MediaItem(str(part.kind), digest, data, label))
+    return MediaItem(str(part.kind), digest, data, label)
 
 
 def _sha256(data: bytes) -> str:
