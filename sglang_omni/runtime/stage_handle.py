@@ -228,7 +228,8 @@ class StageHandle(StageFaults):
                                  on_exit=lambda: self._on_exit(gen))
         sock = self._child.spawn()
         self._link = StageLink(sock, lambda header, frames: self._on_message(header, frames, gen),
-                               lambda: None, name=self.name)
+                               lambda: None, name=self.name,
+                               on_bytes=lambda: self._on_bytes(gen))
         self.last_seen = time.monotonic()
 
     async def _await_ready(self) -> None:
@@ -367,6 +368,12 @@ class StageHandle(StageFaults):
         self.calls.fail_unsent(rid, pending, error)
 
     # --- receiving ----------------------------------------------------------------------------
+    def _on_bytes(self, gen: int) -> None:
+        """Part of a message arrived (a large result, which the stage's heartbeat answers wait
+        behind): the process is alive, as an answer would say."""
+        if gen == self._generation:
+            self.last_seen = time.monotonic()
+
     def _on_message(self, header: dict[str, Any], frames: Frames, gen: int | None = None
                     ) -> None:
         """Handle a stage message (on the loop); one of an older process (``gen``) is ignored."""

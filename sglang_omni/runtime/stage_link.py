@@ -9,6 +9,8 @@ one staging buffer; a piece larger than it is received straight into its own buf
 out of the kernel, as ``Channel.recv``). Each complete message goes to ``on_message(header,
 frames)`` on the loop, in order. At most :data:`READ_BUDGET` bytes are read per callback, so a
 flood of results cannot hold the loop; an end of file or a socket error calls ``on_lost`` once.
+While a message is still arriving (a large result: the stage's heartbeat answers wait behind
+it), ``on_bytes()`` is called after each read of its bytes: the stage is alive.
 
 Sending: :meth:`StageLink.send` queues a header packed by ``ipc.pack_header`` and its frames and
 writes at once what the socket takes (scatter-gather ``sendmsg``: the frames are not copied); the
@@ -79,13 +81,15 @@ class StageLink:
     """One connected stage socket, served by the running loop (see the module contract)."""
 
     def __init__(self, sock: socket.socket, on_message: MessageCallback,
-                 on_lost: Callable[[], None], name: str = "stage") -> None:
+                 on_lost: Callable[[], None], name: str = "stage",
+                 on_bytes: Callable[[], None] | None = None) -> None:
         sock.setblocking(False)
         self._sock = sock
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
         self._on_message = on_message
         self._on_lost = on_lost
+        self._on_bytes = on_bytes
         self._name = name
         self.closed = False
         # receiving: [start, end) of the staging buffer holds bytes not parsed yet
@@ -169,6 +173,18 @@ class StageLink:
 
     # --- receiving ----------------------------------------------------------------------------
     def _on_readable(self) -> None:
+        try:
+            self._read_some()
+        finally:
+            if self._on_bytes is not None and self._receiving and not self.closed:
+                self._on_bytes()  # a message still arriving: the stage is alive
+
+    @property
+    def _receiving(self) -> bool:
+        """Whether part of a message arrived and the rest has not."""
+        return self._big is not None or self._header is not None or self._end > self._start
+
+    def _read_some(self) -> None:
         budget = READ_BUDGET
         while budget > 0 and not self.closed:
             if self._big is not None:

@@ -39,6 +39,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +119,13 @@ class StageSupervisor:
     """Restarts and watches one stage; ``start()`` after the stage is ready, ``stop()`` before
     the stage is stopped. Use from the server's event loop."""
 
-    def __init__(self, handle: StageHandle, policy: RestartPolicy) -> None:
+    def __init__(self, handle: StageHandle, policy: RestartPolicy, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.handle = handle
         self.policy = policy
+        #: The heartbeat's clock and sleep (injectable: the tests hold its loop up).
+        self._clock, self._sleep = clock, sleep
         #: Restarts attempted since the server started (the ``/metrics`` counter).
         self.restarts = 0
         self._recent: deque[float] = deque()
@@ -233,41 +238,48 @@ class StageSupervisor:
     # --- heartbeat ---------------------------------------------------------------------------
     async def _heartbeat(self) -> None:
         """Ping the stage every heartbeat interval and check it every CHECK_EVERY_S: a stage
-        whose oldest unanswered ping is older than the stall timeout is stalled (a server loop
-        that was busy sends no ping, so it cannot mistake its own delay for the stage's); one
-        silent on its jobs past the progress timeout is hung (a check that comes late is skipped,
-        so a busy server loop cannot mistake its own delay for that either)."""
+        whose oldest unanswered ping is older than the stall timeout is stalled; one silent on
+        its jobs past the progress timeout is hung. A check that comes late judges nothing (the
+        server's loop was held up: the stage's answers may not be read yet, so its own delay is
+        not taken for the stage's), but its ping still goes out: a server whose loop is slow
+        (a loaded machine) is not a frozen server, and a stage that hears no ping for
+        ``stage_process.MIN_SERVER_SILENCE_S`` exits."""
         handle = self.handle
         interval = self.policy.heartbeat_interval_s
         tick = min(interval, CHECK_EVERY_S)
         next_ping = 0.0
-        last_tick = time.monotonic()
+        last_tick = self._clock()
         while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
+            await self._sleep(tick)
+            now = self._clock()
             late = now - last_tick > tick + LATE_TICK_S
             last_tick = now
-            if late:  # this loop was held up: the stage's answers may not be read yet
-                continue
             if not handle.healthy:
                 self._unanswered_since = None
                 continue
-            limit = self.policy.progress_timeout_s
-            if limit > 0 and (quiet := handle.silent_with_jobs_s()) > limit:
-                self._unanswered_since = None
-                handle.hang(quiet)
-                continue
             if self._unanswered_since is not None and handle.last_seen >= self._unanswered_since:
                 self._unanswered_since = None
-            if self._unanswered_since is not None:
-                silent = now - self._unanswered_since
-                if silent > self.policy.stall_timeout_s:
-                    self._unanswered_since = None
-                    handle.stall(silent)
-                    continue
+            if not late and self._judged(now):
+                continue
             if now < next_ping:
                 continue
             if self._unanswered_since is None:
                 self._unanswered_since = now
             next_ping = now + interval
             handle.ping()
+
+    def _judged(self, now: float) -> bool:
+        """Whether the stage was found hung or stalled at ``now`` (and is being killed)."""
+        handle = self.handle
+        limit = self.policy.progress_timeout_s
+        if limit > 0 and (quiet := handle.silent_with_jobs_s()) > limit:
+            self._unanswered_since = None
+            handle.hang(quiet)
+            return True
+        if self._unanswered_since is not None:
+            silent = now - self._unanswered_since
+            if silent > self.policy.stall_timeout_s:
+                self._unanswered_since = None
+                handle.stall(silent)
+                return True
+        return False

@@ -91,3 +91,39 @@ def test_what_the_stage_sent_before_it_went_is_still_read() -> None:
         assert got == [{"op": "fatal", "message": "gone"}]
 
     asyncio.run(main())
+
+
+def test_a_message_still_arriving_says_the_stage_is_alive() -> None:
+    """A large result holds back the stage's heartbeat answers (one channel, in order): while
+    its bytes arrive, ``on_bytes`` says the stage is alive (the handle counts it as an answer),
+    before the message is whole."""
+    frame = bytes(range(256)) * (16 * MiB // 256)
+    packed = pack_header({"op": "result"}, 1)
+
+    async def main() -> None:
+        ours, theirs = channel_pair()
+        rest = threading.Event()
+
+        def stage() -> None:  # the header and half the frame; the rest when told
+            theirs.sendall(len(packed.head).to_bytes(8, "big") + packed.head)
+            theirs.sendall(len(frame).to_bytes(8, "big"))
+            theirs.sendall(frame[:len(frame) // 2])
+            rest.wait(60)
+            theirs.sendall(frame[len(frame) // 2:])
+
+        alive = asyncio.Event()
+        whole = asyncio.get_running_loop().create_future()
+        link = StageLink(ours, lambda header, frames: whole.set_result((header, frames)),
+                         lambda: None, on_bytes=alive.set)
+        peer = threading.Thread(target=stage, daemon=True)
+        peer.start()
+        await asyncio.wait_for(alive.wait(), 60)
+        assert not whole.done()  # alive before the message is whole
+        rest.set()
+        header, frames = await asyncio.wait_for(whole, 60)
+        assert header["op"] == "result" and bytes(frames[0]) == frame
+        link.close()
+        peer.join(10)
+        theirs.close()
+
+    asyncio.run(main())
