@@ -113,7 +113,8 @@ class Orchestrator:
             generations = self.pipeline.generations_within(self.limits.max_dispatches)
             self.scheduler = PlannedGenerations(
                 self.limits.timeout_s, generations,
-                on_fail_fast=lambda: self.observer.refused("deadline"))
+                on_fail_fast=lambda: self.observer.refused("deadline"),
+                preempt=self._stage_pauses())
             self.controller = UMMController(
                 self.pipeline.adapter_cls, self.limits, self._call, generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
@@ -159,6 +160,13 @@ class Orchestrator:
             log.warning("shutting down: ending %d stage call(s) and %d interleaved request(s) "
                         "still running with 503", calls, admitted)
         self._fail_admitted(shutting_down)
+
+    def _stage_pauses(self) -> bool:
+        """Whether the generation stage pauses a younger request's job for an older one's (its
+        engine offers denoising step boundaries: every backend but native, with a positive
+        ``pause_budget_bytes``)."""
+        return all(h.spec.backend != "native" and h.spec.factory.get("pause_budget_bytes") != 0
+                   for h in self.stages.handles.values() if h.spec.role == "generation")
 
     @property
     def healthy(self) -> bool:
@@ -265,6 +273,8 @@ class Orchestrator:
         if handle.spec.role == "generation":
             modality = str(payload.get("modality", "image"))
             ran_steps = denoising_steps(payload.get("options"))
+            paused_s = 0.0  # the seconds the stage kept the job waiting for older ones
+            order = self.scheduler.admitted_at(rid)
 
             async def run() -> StageResult:  # called once the stage is this request's
                 on_progress = progress.generation_started(modality, ran_steps)
@@ -274,13 +284,17 @@ class Orchestrator:
                     ran_steps = positive_int(chunk.get("steps")) or ran_steps
                     on_progress(chunk)
 
+                nonlocal paused_s
                 started = time.monotonic()
-                result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
-                observer.generation(modality, time.monotonic() - started)
+                result = await handle.call(rid, payload, frames, on_chunk=on_chunk,
+                                           order=order)
+                paused_s = result.spans.get("paused", 0.0)
+                observer.generation(modality, time.monotonic() - started - paused_s)
                 return timed(result, started)
 
             planned = await self._unless_doomed(
-                state, self.scheduler.generation(rid, modality, run, lambda: ran_steps))
+                state, self.scheduler.generation(rid, modality, run, lambda: ran_steps,
+                                                 lambda: paused_s))
             if isinstance(planned, DispatchReceipt):  # not run: the adapter hears why
                 return StageResult({}, [], stage=stage, receipt=planned.message)
             return planned

@@ -79,7 +79,8 @@ def torch_dtype(name: str, device: Any) -> Any:
 
 
 class ModelThread:
-    """Runs blocking model calls one at a time, in submission order, on one thread.
+    """Runs blocking model calls one at a time, in submission order, on one thread (or on
+    ``workers`` threads, see ``__init__``).
 
     A model object must not run two calls at once (an out-of-memory included: the next call
     starts once the failed one's memory is freed). Cancelling the awaiting task drops a call
@@ -87,8 +88,10 @@ class ModelThread:
     the next call starts only after it returned.
     """
 
-    def __init__(self, spec: EngineSpec) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.stage}-model")
+    def __init__(self, spec: EngineSpec, workers: int = 1) -> None:
+        """``workers`` > 1 only where something else lets one call compute at a time (the
+        generation stage's GPU turns: a call paused at a step boundary holds its thread)."""
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{spec.stage}-model")
         self.stage, self.role = spec.stage, spec.role
 
     async def call(self, fn: Callable[..., T], *args: Any,
