@@ -161,7 +161,10 @@ class GpuTurns:
             return True
 
     def _leave_locked(self, turn: Turn) -> None:
-        self._waiting.pop(turn.key, None)
+        _, kept = self._waiting.pop(turn.key, (turn, 0))
+        if kept > 0:
+            log.info("request %s: its paused generation ended (cancelled); the %d bytes it kept "
+                     "are freed", turn.rid, kept)
         self._refused = {pair for pair in self._refused if turn.key not in pair}
         if self._holder is turn:
             self._holder = None

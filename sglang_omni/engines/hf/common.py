@@ -6,8 +6,9 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,9 +90,12 @@ class ModelThread:
     """
 
     def __init__(self, spec: EngineSpec, workers: int = 1) -> None:
-        """``workers`` > 1 only where something else lets one call compute at a time (the
-        generation stage's GPU turns: a call paused at a step boundary holds its thread)."""
+        """With ``workers`` > 1, a call paused at a denoising step boundary (the generation
+        stage's GPU turns) keeps its thread while others run; a call still computes only while
+        it holds the model (a lock: :meth:`set_aside` lends it out while the call waits), so a
+        cancelled call that has not returned yet never overlaps the next one."""
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{spec.stage}-model")
+        self._model = threading.Lock()
         self.stage, self.role = spec.stage, spec.role
 
     async def call(self, fn: Callable[..., T], *args: Any,
@@ -100,8 +104,22 @@ class ModelThread:
         ``OutOfGPUMemory`` after ``release()`` dropped what the engine keeps for the request
         and the memory the call held is freed, before the next call starts."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, partial(call_freeing_on_oom, self.stage, self.role, fn, *args,
-                                release=release))
+            self._pool, partial(self._holding, partial(
+                call_freeing_on_oom, self.stage, self.role, fn, *args, release=release)))
+
+    def _holding(self, fn: Callable[[], T]) -> T:
+        with self._model:
+            return fn()
+
+    @contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """From a call on the thread: let other calls have the model during the ``with`` block
+        (a pause at a step boundary); the call has it back after."""
+        self._model.release()
+        try:
+            yield
+        finally:
+            self._model.acquire()
 
     async def load(self, fn: Callable[[], None]) -> None:
         """``fn()`` on the thread, its errors as raised (the model's load fails the start-up)."""

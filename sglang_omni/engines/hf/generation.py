@@ -280,7 +280,10 @@ class HFGenerator(ThreadedModelEngine):
             self.pipe.scheduler = own
 
         def pause(kept_bytes: int, step: int, of: int) -> None:
-            job.step_boundary(kept_bytes, step, of)
+            if job.turn is None:
+                return
+            with self.thread.set_aside():  # the jobs that run meanwhile use the model
+                job.step_boundary(kept_bytes, step, of)
             if job.cancelled.is_set():  # cancelled while paused: no further step
                 log.info("request %s: generation cancelled while paused at step %d of %d",
                          job.rid, step, of)
