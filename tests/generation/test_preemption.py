@@ -40,9 +40,9 @@ def body(rid: str, prompt: str, steps: int, **extra: Any) -> dict[str, Any]:
         "width": 32, "height": 32, "num_inference_steps": steps}}}
 
 
-def older(rid: str) -> dict[str, Any]:
+def older(rid: str, second: str = "old two") -> dict[str, Any]:
     # its second turn (1 s of Reasoner time) lets the younger generation start first
-    return body(rid, script(image("old one"), image("old two", delay_s=1.0), final("old done")),
+    return body(rid, script(image("old one"), image(second, delay_s=1.0), final("old done")),
                 OLD_STEPS)
 
 
@@ -65,9 +65,9 @@ def image_bytes(resp: httpx.Response) -> bytes:
     return media_bytes(segments[0])
 
 
-def start_pair(server: Server, old_rid: str, young: dict[str, Any],
-               post_young: Any = None) -> tuple[threading.Thread, threading.Thread,
-                                                dict[str, Any], list[str]]:
+def start_pair(server: Server, old_rid: str, young: dict[str, Any], post_young: Any = None,
+               second: str = "old two") -> tuple[threading.Thread, threading.Thread,
+                                                 dict[str, Any], list[str]]:
     """Send the older request, then, while its first generation runs, the younger; return once
     the younger's generation waits behind it."""
     out: dict[str, Any] = {}
@@ -77,7 +77,7 @@ def start_pair(server: Server, old_rid: str, young: dict[str, Any],
         out[rid] = HTTP.post(f"{server.url}/generate", json=payload)
         ended.append(rid)
 
-    old = threading.Thread(target=send, args=(old_rid, older(old_rid)), daemon=True)
+    old = threading.Thread(target=send, args=(old_rid, older(old_rid, second)), daemon=True)
     old.start()
     assert wait_until(lambda: phases(server).get(old_rid) == "generating", timeout=30)
     young_rid = young["rid"]
@@ -145,3 +145,22 @@ def test_a_paused_generation_cancelled_by_its_client_frees_its_state_and_the_old
     assert status["young-c"] == 200
     assert out["old-c"].status_code == 200, out["old-c"].text
     assert wait_until(lambda: phases(server) == {}, timeout=30)
+
+
+def test_a_stage_exit_ends_a_paused_generation_with_the_error_of_a_running_one() -> None:
+    with Server(*SCRIPTED_UMM, "--generation.factory.step_time_s", str(STEP_S)) as own:
+        # the older request's second generation takes the stage down as it starts, with the
+        # younger one paused for it
+        old, young, out, _ = start_pair(own, "old-x", younger("young-x"),
+                                        second="!crash old two")
+        old.join(60)
+        young.join(60)
+        assert paused_line(own, "young-x") is not None
+        for rid in ("old-x", "young-x"):
+            resp = out[rid]
+            assert resp.status_code == 500, resp.text
+            assert "generation stage process exited" in resp.json()["error"]["message"], rid
+        # the stage is restarted and serves again
+        assert wait_until(lambda: HTTP.get(f"{own.url}/health").status_code == 200, timeout=60)
+        again = HTTP.post(f"{own.url}/generate", json=younger("young-again"))
+        assert again.status_code == 200, again.text
