@@ -55,10 +55,12 @@ class Turn:
     async def begin(self) -> None:
         """Wait (on the event loop) until this job holds the GPU."""
         started = time.monotonic()
+        waited = True
         try:
-            await self._turns.wait_async(self, 0)
+            waited = await self._turns.wait_async(self, 0)
         finally:
-            self.waited_s += time.monotonic() - started
+            if waited:  # a job that found the GPU free waited for nothing (no paused span)
+                self.waited_s += time.monotonic() - started
 
     def boundary(self, kept_bytes: int | None, step: int = 0, steps: int = 0) -> None:
         """A step boundary, from the engine's thread: pause here while an older job runs (see
@@ -186,9 +188,10 @@ class GpuTurns:
                 self._cond.wait(WAIT_PROGRESS_S)
                 turn.progress()
 
-    async def wait_async(self, turn: Turn, kept: int) -> None:
+    async def wait_async(self, turn: Turn, kept: int) -> bool:
         """Wait on the event loop until ``turn`` holds the GPU; a job not begun yet (``kept``
-        0) joins the waiting here. Cancellation leaves the turns."""
+        0) joins the waiting here. False when it held it at once. Cancellation leaves the
+        turns."""
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         with self._cond:
@@ -200,11 +203,13 @@ class GpuTurns:
             if kept == 0 and self._holder is not turn:
                 self._waiting[turn.key] = (turn, 0)
                 self._hand_over()
+        waited = False
         try:
             while True:
                 with self._cond:
                     if self._holder is turn:
-                        return
+                        return waited
+                waited = True
                 if turn.cancelled.is_set():
                     raise asyncio.CancelledError()
                 try:

@@ -25,7 +25,7 @@ from tests.server import SCRIPTED_UMM, Server
 from tests.umm.kit import final, image, media_bytes, script
 
 STEP_S = 0.05
-OLD_STEPS, YOUNG_STEPS = 40, 100  # 2 s and 5 s on the stage
+OLD_STEPS, YOUNG_STEPS = 80, 100  # 4 s and 5 s on the stage
 HTTP = httpx.Client(timeout=120)
 
 
@@ -41,8 +41,8 @@ def body(rid: str, prompt: str, steps: int, **extra: Any) -> dict[str, Any]:
 
 
 def older(rid: str, second: str = "old two") -> dict[str, Any]:
-    # its second turn (1 s of Reasoner time) lets the younger generation start first
-    return body(rid, script(image("old one"), image(second, delay_s=1.0), final("old done")),
+    # its second turn (1.5 s of Reasoner time) lets the younger generation start first
+    return body(rid, script(image("old one"), image(second, delay_s=1.5), final("old done")),
                 OLD_STEPS)
 
 
