@@ -21,6 +21,7 @@ from typing import Any, cast
 from sglang_omni.aio.race import race
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.contract.generation_options import denoising_steps, positive_int
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.contract.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import (
@@ -162,10 +163,17 @@ class Orchestrator:
         self._fail_admitted(shutting_down)
 
     def _stage_pauses(self) -> bool:
-        """Whether the generation stage pauses a younger request's job for an older one's (its
-        engine offers denoising step boundaries: every backend but native, with a positive
-        ``pause_budget_bytes``)."""
-        return all(h.spec.backend != "native" and h.spec.factory.get("pause_budget_bytes") != 0
+        """Whether the generation stage pauses a younger request's job for an older one's: its
+        engine offers denoising step boundaries (the scripted generator, the hf backend's fast
+        loop: not its stock ``__call__``, the CPU's default, nor native generation) and its
+        ``pause_budget_bytes`` is positive."""
+        def pauses(spec: EngineSpec) -> bool:
+            if spec.backend == "hf":
+                denoiser = spec.engine.get("denoiser", "auto")
+                return denoiser == "fast" or (denoiser == "auto" and spec.gpu is not None)
+            return spec.backend != "native"
+
+        return all(pauses(h.spec) and h.spec.factory.get("pause_budget_bytes") != 0
                    for h in self.stages.handles.values() if h.spec.role == "generation")
 
     @property

@@ -164,3 +164,17 @@ def test_a_stage_exit_ends_a_paused_generation_with_the_error_of_a_running_one()
         assert wait_until(lambda: HTTP.get(f"{own.url}/health").status_code == 200, timeout=60)
         again = HTTP.post(f"{own.url}/generate", json=younger("young-again"))
         assert again.status_code == 200, again.text
+
+
+def test_with_a_pause_budget_of_zero_the_older_generation_waits_for_the_younger_one() -> None:
+    with Server(*SCRIPTED_UMM, "--generation.factory.step_time_s", str(STEP_S),
+                "--generation.factory.pause_budget_bytes", "0") as own:
+        old, young, out, ended = start_pair(own, "old-z", younger("young-z"))
+        assert wait_until(lambda: phases(own) == {"old-z": "queued", "young-z": "generating"},
+                          timeout=30), phases(own)  # the older one's second generation waits
+        old.join(60)
+        young.join(60)
+        assert ended == ["young-z", "old-z"]
+        assert out["old-z"].status_code == 200 and out["young-z"].status_code == 200
+        assert paused_line(own, "young-z") is None
+        assert preemptions(own) == 0
