@@ -50,7 +50,7 @@ class Turn:
         self.waited_s = 0.0
         self.paused_s = 0.0
         self.pauses = 0
-        self._wake: Callable[[], None] | None = None  # an async waiter's wake-up
+        self.wake: Callable[[], None] | None = None  # set while it waits on an event loop
 
     async def begin(self) -> None:
         """Wait (on the event loop) until this job holds the GPU."""
@@ -129,8 +129,8 @@ class GpuTurns:
             turn, _ = self._waiting.pop(min(self._waiting))
             self._holder = turn
             self._cond.notify_all()
-            if turn._wake is not None:
-                turn._wake()
+            if turn.wake is not None:
+                turn.wake()
 
     def yields(self, turn: Turn, kept: int, step: int, steps: int) -> bool:
         """Whether ``turn``, holding the GPU at a step boundary, pauses now (and if so, hands
@@ -199,7 +199,7 @@ class GpuTurns:
             def wake() -> None:
                 loop.call_soon_threadsafe(woken.set)
 
-            turn._wake = wake
+            turn.wake = wake
             if kept == 0 and self._holder is not turn:
                 self._waiting[turn.key] = (turn, 0)
                 self._hand_over()
@@ -222,4 +222,4 @@ class GpuTurns:
             raise
         finally:
             with self._cond:
-                turn._wake = None
+                turn.wake = None
