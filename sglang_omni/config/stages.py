@@ -21,6 +21,12 @@ GENERATION_FACTORY: dict[str, FactoryField] = {
     "step_time_s": FactoryField((int, float), 0.0,
                                 "scripted backend: seconds per simulated denoising step",
                                 minimum=0),
+    "pause_budget_bytes": FactoryField(
+        (int,), 8 * 1024 * MiB, "device bytes the stage may keep for generations paused at a "
+        "denoising step boundary while an older request's generation runs (their latents, "
+        "scheduler state and captured step, all paused jobs together); a job that would exceed "
+        "it is not paused (0: never pause). hf fast denoiser and scripted backends; native "
+        "generation runs one job at a time whole", minimum=0),
     "cancellation_plugin": FactoryField(
         (bool,), True, "native backend: provide the omni_generation_cancellation plugin to the "
         "native workers (false: an aborted request keeps the stage busy until it finishes)"),

@@ -3,6 +3,8 @@ what the server asks of a model.
 
 * ``job``: the ``Job`` an engine runs, the ``Engine`` interface every backend implements, the
   ``EngineSpec`` a stage builds its engine from, and the span and chunk constants.
+* ``gpu_turns``: the generation stage's GPU turns (the oldest request's job first, a younger
+  one paused at a denoising step boundary), which a job's ``step_boundary`` calls into.
 * ``result``: ``StageResult``, a stage's answer, and ``Frames``.
 * ``payloads``: the payloads the built-in reasoner and generation engines speak, by role.
 * ``generation_options``: ``stage_params.generation``, the options a generation accepts.

@@ -12,6 +12,11 @@ step, a decoded token batch, a model call's return. A chunk it emits counts as p
 stage holding a job that shows none for its ``progress_timeout_s`` is taken for hung and is
 killed and restarted (``runtime.supervisor``).
 
+Step boundaries: on a generation stage a job has a ``turn`` (``contract.gpu_turns``): an engine
+calls ``job.step_boundary(kept_bytes)`` (or ``await job.step_boundary_async(...)`` on the event
+loop) between two denoising steps, where the job may be paused for an older request's job and
+resumed later; it must then continue exactly where it stopped. Without a turn it returns at once.
+
 Payloads by role are typed in ``contract.payloads`` (``ReasonerPayload``, ``GenerationPayload``
 and their results and chunks); an engine answers with ``contract.result.StageResult``.
 """
@@ -25,13 +30,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sglang_omni.contract.gpu_turns import Turn
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import BadRequest
 
 FRAME_SCHEME = "omni-frame://"
 #: The spans an engine may report for a job (``Job.timed``): the Reasoner's media preparation,
 #: prefill and decode; a generation's denoising, VAE decode and media encoding.
-ENGINE_SPANS = ("media", "prefill", "decode", "denoise", "vae_decode", "encode")
+#: ``paused``: the time a generation waited for the GPU while older requests' jobs ran (to
+#: begin, or paused at a step boundary; ``contract.gpu_turns``), outside ``denoise``.
+ENGINE_SPANS = ("media", "prefill", "decode", "denoise", "vae_decode", "encode", "paused")
 #: Native chat request fields Omni sets from the request itself; refused under stage_params.
 OMNI_OWNED_FIELDS = ("messages", "stream", "stream_options", "rid")
 
@@ -60,6 +68,20 @@ class Job:
     #: Seconds of the job by span (``pipeline.timeline.ENGINE_SPANS``: media, prefill, decode,
     #: denoise, vae_decode, encode), sent with the result; what no span covers is "engine".
     spans: dict[str, float] = field(default_factory=dict)
+    #: The job's place in the generation stage's GPU turns (None elsewhere).
+    turn: Turn | None = None
+
+    def step_boundary(self, kept_bytes: int | None, step: int = 0, steps: int = 0) -> None:
+        """Between denoising steps ``step`` and ``step + 1`` of ``steps``, from the engine's
+        thread: may pause here for an older request's job (``contract.gpu_turns``), keeping
+        ``kept_bytes`` on the device (None: this job cannot pause here)."""
+        if self.turn is not None:
+            self.turn.boundary(kept_bytes, step, steps)
+
+    async def step_boundary_async(self, kept_bytes: int, step: int = 0, steps: int = 0) -> None:
+        """:meth:`step_boundary` for an engine running on the event loop."""
+        if self.turn is not None:
+            await self.turn.boundary_async(kept_bytes, step, steps)
 
     @contextmanager
     def timed(self, span: str) -> Iterator[None]:

@@ -41,7 +41,10 @@ benchmarks); anywhere in the prompt, ``!abort-delay=S`` makes an aborted generat
 seconds to end (as a native engine finishes its current step), and ``!encode-delay=S`` makes a
 video's MP4 take S more seconds after its last frame (as a slow x264 would). A video's frames
 are drawn one VAE-sized chunk at a time and encoded as they come (``engines.video_delivery``),
-as the hf backend encodes its VAE's chunks. Direct generation's actions
+as the hf backend encodes its VAE's chunks. Between two steps the generator offers a step
+boundary (``Job.step_boundary_async``, keeping :func:`scripted_latent_bytes`): on the stage an
+older request's generation may pause it there and it resumes where it stopped, with the same
+bytes (they depend on prompt, seed, size and frame index alone). Direct generation's actions
 (``modality`` ``action``, the native action route's body in ``request``) are checked as the
 native Cosmos3 action route checks them and answered with its response shape: ``action_horizon``
 (16) rows of ``raw_action_dim`` (given, else 10) values derived from the task and seed.
@@ -399,6 +402,10 @@ class ScriptedGenerator:
                                  step, steps)
                         raise
                     job.emit({"step": step + 1, "steps": steps})
+                    if step + 1 < steps:  # a step boundary: an older request's job may go first
+                        await job.step_boundary_async(
+                            scripted_latent_bytes(modality, width, height, frames), step + 1,
+                            steps)
         except asyncio.CancelledError:
             if abort_delay:  # the abort ends after the step in progress, as on a native engine
                 await asyncio.sleep(float(abort_delay.group(1)))
@@ -465,6 +472,13 @@ class ScriptedGenerator:
             return await mp4.result()
         finally:
             mp4.abandon()  # a no-op once the MP4 is done
+
+
+def scripted_latent_bytes(modality: str, width: int, height: int, frames: int) -> int:
+    """The device bytes a paused scripted generation says it keeps: a float32 latent of 16
+    channels at a sixteenth of the size, a latent frame per 4 video frames (as Cosmos3's)."""
+    latent_frames = 1 + (frames - 1) // 4 if modality == "video" else 1
+    return 16 * 4 * latent_frames * max(1, width // 16) * max(1, height // 16)
 
 
 # --- Actions (direct generation) ---------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, cast
 from sglang_omni.aio.race import race
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.contract.generation_options import denoising_steps, positive_int
+from sglang_omni.contract.job import EngineSpec
 from sglang_omni.contract.payloads import REASONER_OPTION_FIELDS, ReasonerOptions, ReasonerPayload
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import (
@@ -114,7 +115,8 @@ class Orchestrator:
             generations = self.pipeline.generations_within(self.limits.max_dispatches)
             self.scheduler = PlannedGenerations(
                 self.limits.timeout_s, generations,
-                on_fail_fast=lambda: self.observer.refused("deadline"))
+                on_fail_fast=lambda: self.observer.refused("deadline"),
+                preempt=self._stage_pauses())
             self.controller = UMMController(
                 self.pipeline.adapter_cls, self.limits, self._call, generations,
                 largest_output_bytes=self.pipeline.largest_output_bytes(
@@ -160,6 +162,20 @@ class Orchestrator:
             log.warning("shutting down: ending %d stage call(s) and %d interleaved request(s) "
                         "still running with 503", calls, admitted)
         self._fail_admitted(shutting_down)
+
+    def _stage_pauses(self) -> bool:
+        """Whether the generation stage pauses a younger request's job for an older one's: its
+        engine offers denoising step boundaries (the scripted generator, the hf backend's fast
+        loop: not its stock ``__call__``, the CPU's default, nor native generation) and its
+        ``pause_budget_bytes`` is positive."""
+        def pauses(spec: EngineSpec) -> bool:
+            if spec.backend == "hf":
+                denoiser = spec.engine.get("denoiser", "auto")
+                return denoiser == "fast" or (denoiser == "auto" and spec.gpu is not None)
+            return spec.backend != "native"
+
+        return all(pauses(h.spec) and h.spec.factory.get("pause_budget_bytes") != 0
+                   for h in self.stages.handles.values() if h.spec.role == "generation")
 
     @property
     def healthy(self) -> bool:
@@ -266,6 +282,8 @@ class Orchestrator:
         if handle.spec.role == "generation":
             modality = str(payload.get("modality", "image"))
             ran_steps = denoising_steps(payload.get("options"))
+            paused_s = 0.0  # the seconds the stage kept the job waiting for older ones
+            order = self.scheduler.admitted_at(rid)
 
             async def run() -> StageResult:  # called once the stage is this request's
                 on_progress = progress.generation_started(modality, ran_steps)
@@ -275,13 +293,17 @@ class Orchestrator:
                     ran_steps = positive_int(chunk.get("steps")) or ran_steps
                     on_progress(chunk)
 
+                nonlocal paused_s
                 started = time.monotonic()
-                result = await handle.call(rid, payload, frames, on_chunk=on_chunk)
-                observer.generation(modality, time.monotonic() - started)
+                result = await handle.call(rid, payload, frames, on_chunk=on_chunk,
+                                           order=order)
+                paused_s = result.spans.get("paused", 0.0)
+                observer.generation(modality, time.monotonic() - started - paused_s)
                 return timed(result, started)
 
             planned = await self._unless_doomed(
-                state, self.scheduler.generation(rid, modality, run, lambda: ran_steps))
+                state, self.scheduler.generation(rid, modality, run, lambda: ran_steps,
+                                                 lambda: paused_s))
             if isinstance(planned, DispatchReceipt):  # not run: the adapter hears why
                 return StageResult({}, [], stage=stage, receipt=planned.message)
             return planned

@@ -10,11 +10,14 @@ happened as events (:mod:`~sglang_omni.pipeline.planner_events`) and acts on the
 
 The plan is feasible when every request, at the longest times, ends before its deadline. The stage
 serves the oldest queued generation first, and starts it only if that keeps every plan that holds
-now (:meth:`GenerationPlanner.next_generation`): a generation is not preemptible, so a later
-request's generation started while an older request is between two of its generations would
-otherwise delay the older one beyond its plan. While the measured times hold (no generation or
-turn outlasts them), every admitted request with a positive allowance therefore ends before its
-deadline.
+now (:meth:`GenerationPlanner.next_generation`): a later request's generation started while an
+older request is between two of its generations would otherwise delay the older one beyond its
+plan. With ``PlannerConfig.preempt`` (every backend but native) an older request's generation
+queued while a younger one's runs starts at once: the stage pauses the younger at its next
+denoising step boundary (``contract.gpu_turns``), and the plan counts it *paused*, what is left of
+it after the older request's generations, so its expected finish moves by the older one's time.
+While the measured times hold (no generation or turn outlasts them), every admitted request
+with a positive allowance therefore ends before its deadline.
 
 The rules (after every event the plan is settled in the stage's order):
 
@@ -147,19 +150,22 @@ class GenerationPlanner:
         """The request whose queued generation the free stage should start now, or None.
 
         The oldest queued generation, if starting it now keeps every plan that holds; else None
-        (wait for the next event). None while a generation runs. Changes nothing.
+        (wait for the next event). While a generation runs, only one of an older request
+        (``PlannerConfig.preempt``): the running one is then paused. Changes nothing.
         """
-        if self._running() is not None:
-            return None
+        running = self._running()
         oldest = next((r for r in self._requests.values() if r.phase is Phase.QUEUED), None)
         if oldest is None:
+            return None
+        if running is not None and not (self.config.preempt and self._older(oldest, running)):
             return None
         times = self.times
         if times.generation_s is None:
             return oldest.request_id
         now = self._clock()
         current = list(self._requests.values())
-        started = [replace(r, phase=Phase.GENERATING, since=now) if r is oldest else r
+        started = [replace(r, phase=Phase.GENERATING, since=now) if r is oldest else
+                   _paused(r, now) if r is running else r
                    for r in current]
         before, _ = project(current, now, times)
         after, _ = project(started, now, times)
@@ -225,6 +231,7 @@ class GenerationPlanner:
             self._requests.pop(event.request_id, None)
         elif not isinstance(event, Tick):
             raise TypeError(f"not a planner event: {event!r}")
+        self._resume(now)
 
         before = {rid: r.allowance for rid, r in self._requests.items()}
         failed = self._settle(now)
@@ -280,7 +287,10 @@ class GenerationPlanner:
                              f"{req.phase.value}")
         running = self._running()
         if running is not None:
-            raise ValueError(f"the generation stage already runs request {running.request_id}")
+            if not (self.config.preempt and self._older(req, running)):
+                raise ValueError(f"the generation stage already runs request "
+                                 f"{running.request_id}")
+            self._requests[running.request_id] = _paused(running, now)
         self._requests[req.request_id] = replace(req, phase=Phase.GENERATING, since=now)
 
     def _on_finished(self, event: GenerationFinished, now: float, result: _Effects) -> None:
@@ -296,7 +306,7 @@ class GenerationPlanner:
             return
         if req.steps is None and event.steps is not None and event.steps > 0:
             self._default_steps[event.modality] = event.steps  # the engine's default count
-        if req.phase is not Phase.GENERATING:
+        if req.phase not in (Phase.GENERATING, Phase.PAUSED):  # a job that could not pause
             raise ValueError(f"request {req.request_id} finished a generation while "
                              f"{req.phase.value}")
         # Offered provisionally (the worst case); set from the settled allowance afterwards.
@@ -444,7 +454,7 @@ class GenerationPlanner:
     def _fail_fast(self, req: PlannedRequest, short_finish: float, earlier: int,
                    times: MeasuredTimes) -> FailFast:
         assert req.modality is not None
-        where = "running" if req.phase is Phase.GENERATING else "queued"
+        where = {Phase.GENERATING: "running", Phase.PAUSED: "paused"}.get(req.phase, "queued")
         message = (
             f"The request cannot finish before its deadline (timeout_s {self.config.timeout_s:g} "
             f"s after admission): even at the shortest {req.modality} time measured "
@@ -458,11 +468,30 @@ class GenerationPlanner:
     def _running(self) -> PlannedRequest | None:
         return next((r for r in self._requests.values() if r.phase is Phase.GENERATING), None)
 
+    def _older(self, a: PlannedRequest, b: PlannedRequest) -> bool:
+        """Whether ``a`` was admitted before ``b``."""
+        order = list(self._requests)
+        return order.index(a.request_id) < order.index(b.request_id)
+
+    def _resume(self, now: float) -> None:
+        """A free stage resumes the oldest paused generation (as the stage's turns do)."""
+        if self._running() is not None:
+            return
+        paused = next((r for r in self._requests.values() if r.phase is Phase.PAUSED), None)
+        if paused is not None:
+            self._requests[paused.request_id] = replace(
+                paused, phase=Phase.GENERATING, since=now - paused.ran_s, ran_s=0.0)
+
     def _expire(self, now: float) -> None:
         self._reasoner.expire(now)
         for series in (self._generation, self._per_step):
             for window in series.values():
                 window.expire(now)
+
+
+def _paused(req: PlannedRequest, now: float) -> PlannedRequest:
+    """``req``'s running generation, paused at ``now`` for an older request's."""
+    return replace(req, phase=Phase.PAUSED, since=now, ran_s=max(0.0, now - req.since))
 
 
 @dataclass

@@ -27,6 +27,9 @@ class PlannerConfig:
 
     timeout_s: float = 3600.0
     max_generations: int = 8
+    #: Whether an older request's generation may start while a younger one's runs, pausing it
+    #: (the stage's engine pauses at denoising step boundaries; native generation does not).
+    preempt: bool = True
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:

@@ -5,7 +5,10 @@ Pure functions of the requests' states and the measured times; no state of their
 A request alternates Reasoner turns and generations and ends with a final Reasoner turn, so a
 request that may still run ``g`` generations has at most ``g + 1`` turns left. Reasoner turns of
 different requests run concurrently: a turn never waits for another request. Generations run on
-one generation stage, one at a time, the oldest request (admission order) first.
+one generation stage, one at a time, the oldest request (admission order) first: a request's
+generation queued while a younger request's runs starts at once and pauses the younger one at its
+next denoising step boundary (``contract.gpu_turns``); the paused one resumes once no older
+request's generation runs.
 
 The times (:class:`~sglang_omni.pipeline.planner_times.MeasuredTimes`):
 
@@ -29,6 +32,7 @@ at time ``now`` (:func:`worst_case`)::
     the turn running now       ends at max(turn start + R, now)
     a queued generation        starts at max(now, free), takes G[m]
     the running generation     ends at max(start + G[m], now)
+    a paused generation        resumes at max(now, free), takes G[m] less what it ran
     each further generation    starts at max(previous end + R, free), takes G
     finish                     = last generation end + R  (the final answer)
 
@@ -57,6 +61,7 @@ class Phase(enum.Enum):
     DECIDING = "deciding"  # the turn returned; a generation or the end follows at once
     QUEUED = "queued"  # its generation waits for the stage
     GENERATING = "generating"  # its generation runs on the stage
+    PAUSED = "paused"  # its generation started, then paused for an older request's
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,12 @@ class PlannedRequest:
     modality: str | None = None  # of the pending generation
     kept_at_shortest: bool = False  # its pending generation fits only at the shortest time
     steps: int | None = None  # denoising steps of its generations (None: the engine's default)
+    ran_s: float = 0.0  # paused: how long its generation ran before it was paused
 
     @property
     def pending(self) -> bool:
-        """Whether a generation of this request is queued or running."""
-        return self.phase in (Phase.QUEUED, Phase.GENERATING)
+        """Whether a generation of this request is queued, running or paused."""
+        return self.phase in (Phase.QUEUED, Phase.GENERATING, Phase.PAUSED)
 
     @property
     def final_only(self) -> bool:
@@ -107,6 +113,8 @@ def worst_case(req: PlannedRequest, allowance: int, free: float, now: float,
                 else times.longest(req.modality, req.steps))
         if req.phase is Phase.QUEUED:
             end = max(now, free) + took
+        elif req.phase is Phase.PAUSED:  # what is left of it, once the stage is its again
+            end = max(now, free) + max(0.0, took - req.ran_s)
         else:
             end = max(req.since + took, now)
         free = max(free, end)

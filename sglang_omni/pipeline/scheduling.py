@@ -5,14 +5,16 @@ on its answers: it admits or refuses requests (503), tells the controller each r
 allowance, starts one generation at a time in the planner's order (oldest request first), and
 fails a request fast (503, its generation cancelled) when the plan says it cannot finish.
 
-The stage is handed out by the scheduler alone: after every planner event, while the stage is
-free, it asks the planner for the next generation and marks it started in the same step (no
-await between the choice and ``GenerationStarted``), then wakes that request. So at most one
-generation is ever started, always the one the planner chose, whatever order the requests' tasks
-wake in. A generation that the plan no longer allows is answered with a receipt
-(:class:`~sglang_omni.pipeline.umm.DispatchReceipt`) instead of waiting for the stage, and a
-generation that does not finish (cancelled, failed fast, failed on its stage) releases its
-request's plan at once, since the request ends with it.
+The stage is handed out by the scheduler alone: after every planner event it asks the planner
+for the next generation and marks it started in the same step (no await between the choice and
+``GenerationStarted``), then wakes that request. So a generation is started only when the
+planner chose it, whatever order the requests' tasks wake in: while the stage is free, or, when
+``preempt``, for a request older than the one whose generation runs (the stage pauses that one at
+its next denoising step boundary and runs the oldest request's job first: each call carries the
+request's admission time, :meth:`PlannedGenerations.admitted_at`). A generation that the plan
+no longer allows is answered with a receipt (:class:`~sglang_omni.pipeline.umm.DispatchReceipt`)
+instead of waiting for the stage, and a generation that does not finish (cancelled, failed fast,
+failed on its stage) releases its request's plan at once, since the request ends with it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class PlanEntry:
     """A request's place in the generation queue (its ``RequestState.plan``); the scheduler
     finds it by request id, since the planner names requests by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, admitted_at: float) -> None:
+        self.admitted_at = admitted_at  # on the scheduler's clock: the request's age
         self.after_turn = False  # the last dispatch was a Reasoner turn
         self.failure: ServiceUnavailable | None = None
         self.failed = asyncio.Event()
@@ -66,12 +69,15 @@ class PlannedGenerations:
 
     def __init__(self, timeout_s: float, max_generations: int,
                  clock: Callable[[], float] = time.monotonic,
-                 on_fail_fast: Callable[[], None] | None = None) -> None:
-        """``on_fail_fast()`` is called for each request the plan fails fast (metrics)."""
+                 on_fail_fast: Callable[[], None] | None = None, preempt: bool = True) -> None:
+        """``on_fail_fast()`` is called for each request the plan fails fast (metrics);
+        ``preempt``: the generation stage pauses a younger request's job for an older one's
+        (``PlannerConfig.preempt``)."""
         self.on_fail_fast = on_fail_fast or (lambda: None)
         self.clock = clock
         self.planner = GenerationPlanner(
-            PlannerConfig(timeout_s=timeout_s, max_generations=max_generations), clock)
+            PlannerConfig(timeout_s=timeout_s, max_generations=max_generations,
+                          preempt=preempt), clock)
         self.requests: dict[str, PlanEntry] = {}
         self._ticker: asyncio.Task | None = None
         self._closed = False
@@ -83,7 +89,7 @@ class PlannedGenerations:
         :class:`Admit`); its entry, until :meth:`release`. ServiceUnavailable when the planner
         refuses it."""
         update = self.planner.handle(Admit(rid, waited_s, steps))
-        entry = PlanEntry()
+        entry = PlanEntry(self.clock())
         if update.refused is None:
             self.requests[rid] = entry
         self._act(update)
@@ -102,6 +108,12 @@ class PlannedGenerations:
             return
         del self.requests[rid]
         self._apply(Released(rid))
+
+    def admitted_at(self, rid: str) -> float | None:
+        """When the request was admitted (the scheduler's clock), None when it is not planned:
+        its generations' ``order`` on the stage (older requests' jobs go first)."""
+        state = self.requests.get(rid)
+        return None if state is None else state.admitted_at
 
     def allowance(self, rid: str) -> int | None:
         """Generations the plan still allows the request (None when it is not planned)."""
@@ -145,10 +157,12 @@ class PlannedGenerations:
         return result
 
     async def generation(self, rid: str, modality: str, run: Callable[[], Awaitable[T]],
-                         ran_steps: Callable[[], int | None] = lambda: None
+                         ran_steps: Callable[[], int | None] = lambda: None,
+                         paused_s: Callable[[], float] = lambda: 0.0
                          ) -> T | DispatchReceipt:
         """Queue a generation, run it once the scheduler started it for this request, measure it
-        (``ran_steps()``, read once it finished: the denoising steps it ran, if known).
+        (``ran_steps()``, read once it finished: the denoising steps it ran, if known; its time
+        less ``paused_s()``, the seconds the stage kept it waiting for older requests' jobs).
 
         Returns a DispatchReceipt when the plan no longer allows the generation (it is not run;
         the request's next Reasoner turn is offered only a final answer); raises
@@ -184,8 +198,8 @@ class PlannedGenerations:
             self.release(rid)
             return result
         if rid in self.requests:
-            self._apply(GenerationFinished(rid, modality, time.monotonic() - start,
-                                           ran_steps()))
+            took = max(0.0, time.monotonic() - start - paused_s())
+            self._apply(GenerationFinished(rid, modality, took, ran_steps()))
         return result
 
     @staticmethod

@@ -250,8 +250,13 @@ class StageHandle(StageFaults):
     # --- calls --------------------------------------------------------------------------------
     async def call(self, rid: str, payload: Mapping[str, Any], frames: Frames | None = None,
                    on_chunk: ChunkCallback | None = None,
-                   media: Mapping[str, list[str]] | None = None) -> StageResult:
+                   media: Mapping[str, list[str]] | None = None,
+                   order: float | None = None) -> StageResult:
         """Run ``payload`` on the stage for request ``rid``; the result names this stage.
+
+        ``order``: the request's admission time on this process's monotonic clock (default:
+        now); a generation stage runs the oldest request's job first
+        (:mod:`sglang_omni.contract.gpu_turns`).
 
         ``media`` (``{keys, new}``, see :mod:`sglang_omni.runtime.request_media`): ``frames``
         are the request's new media items, kept by the stage for the request, and the job reads
@@ -272,7 +277,8 @@ class StageHandle(StageFaults):
             raise ServerError(f"request {rid} already has a call in flight on {self.name}")
         token = self.calls.token()
         header: dict[str, Any] = {"op": "submit", "rid": rid, "token": token,
-                                  "payload": payload}
+                                  "payload": payload,
+                                  "order": time.monotonic() if order is None else order}
         if media is not None:
             header["media"] = {"keys": list(media["keys"]), "new": list(media["new"])}
         try:

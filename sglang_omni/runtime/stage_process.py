@@ -1,13 +1,17 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
-Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload}`` + frames,
+Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload, order?}`` +
+frames (``order``: the request's admission time on the server's monotonic clock; a generation
+stage runs its jobs in GPU turns, the oldest request's first, pausing a younger job at a
+denoising step boundary: :mod:`sglang_omni.contract.gpu_turns`; absent: the time it arrived),
 ``abort {rid}``, ``end {rid}`` (the request ended: an engine that keeps per-request state, such
 as the hf Reasoner's context, releases it; an abort releases it too), ``shutdown``,
 ``ping {seq}`` (answered ``pong {seq, media, engine, request_media, gpu}`` by the reader
 thread, so a frozen stage is noticed; the reader thread also sends ``pong {seq: null, ...}``
 every ``ipc.KEEPALIVE_S`` while a long message, a request's media, is arriving, since the
 server's ping waits behind it, and counts the message's bytes as the server's heartbeat;
-``media`` is the stage's media counters,
+``media`` is the stage's media counters (a generation stage adds its turns' ``preemptions``,
+``paused`` and ``paused_bytes`` to ``engine``),
 :mod:`sglang_omni.media.stats`, ``engine`` the engine's own counters when it has ``stats()``,
 else absent, ``request_media`` what the stage keeps of its requests' media:
 :mod:`sglang_omni.runtime.request_media`, ``gpu`` the device's memory counters where torch uses
@@ -51,6 +55,8 @@ from typing import Any
 
 from sglang_omni.aio.race import race
 from sglang_omni.config.schema import PROCESS_FACTORY
+from sglang_omni.config.stages import GENERATION_FACTORY
+from sglang_omni.contract.gpu_turns import GpuTurns, Turn
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.result import Frames
 from sglang_omni.engines.base import build_engine
@@ -117,6 +123,16 @@ def _drop_tracebacks(exc: BaseException | None) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
+def _paused_spans(spans: dict[str, float], turn: Turn) -> None:
+    """Report a job's waits for the GPU as its ``paused`` span, and take its pauses out of its
+    ``denoise`` (an engine pauses inside its denoising loop)."""
+    waited = turn.waited_s + turn.paused_s
+    if waited > 0:
+        spans["paused"] = waited
+    if turn.paused_s > 0 and "denoise" in spans:
+        spans["denoise"] = max(0.0, spans["denoise"] - turn.paused_s)
+
+
 def _log_send_failure(sent: Future) -> None:
     exc = sent.exception() if not sent.cancelled() else None
     if exc is not None:
@@ -138,6 +154,12 @@ class _StageServer:
         self.media = RequestMediaStore(spec.stage)
         #: monotonic time of the server's last heartbeat (None before the first).
         self.last_ping: float | None = None
+        #: A generation stage's GPU turns (the oldest request's job first); None elsewhere.
+        budget = spec.factory.get("pause_budget_bytes")
+        if budget is None:
+            budget = GENERATION_FACTORY["pause_budget_bytes"].default
+        self.turns = GpuTurns(int(budget)) \
+            if spec.role == "generation" else None
 
     def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
         """Send a message to the server; ordered, safe from any thread. Packs here, so
@@ -259,8 +281,11 @@ class _StageServer:
         if gpu is not None:
             pong["gpu"] = gpu
         stats = getattr(self.engine, "stats", None)
-        if stats is not None:
-            pong["engine"] = stats()
+        engine = dict(stats()) if stats is not None else {}
+        if self.turns is not None:
+            engine.update(self.turns.stats())
+        if engine:
+            pong["engine"] = engine
         self._send_now(pong, None)
 
     def _receiving(self, moved: bool) -> None:
@@ -322,7 +347,12 @@ class _StageServer:
 
             job = Job(rid, header["payload"], frames, emit=emit,
                       progress=self._progress_reporter(rid, token))
-            task = asyncio.get_running_loop().create_task(self.engine.run(job))
+            if self.turns is not None:
+                order = header.get("order")
+                job.turn = self.turns.turn(
+                    rid, float(order) if isinstance(order, int | float) else time.monotonic(),
+                    job.cancelled, job.progress)
+            task = asyncio.get_running_loop().create_task(self._run(job))
             started = time.perf_counter()
 
             def done(t: asyncio.Task, j: Job = job, k: int = token, t0: float = started) -> None:
@@ -341,6 +371,17 @@ class _StageServer:
             self._end_request(header["rid"])
         elif op == "shutdown":
             self.stopping.set()
+
+    async def _run(self, job: Job) -> Any:
+        """The engine's run of ``job``, within its GPU turn on a generation stage."""
+        turn = job.turn
+        if turn is None:
+            return await self.engine.run(job)
+        await turn.begin()
+        try:
+            return await self.engine.run(job)
+        finally:
+            turn.end()
 
     def _progress_reporter(self, rid: str, token: int) -> Callable[[], None]:
         """``job.progress`` of one job: sends ``progress`` at most every PROGRESS_EVERY_S;
@@ -365,6 +406,8 @@ class _StageServer:
     def _finished(self, job: Job, token: int, task: asyncio.Task, started: float) -> None:
         """Report a job's outcome; runs even when the job was aborted before it started."""
         self.jobs.pop(job.rid, None)
+        if job.turn is not None:
+            _paused_spans(job.spans, job.turn)
         base = {"rid": job.rid, "token": token}
         if task.cancelled():
             log.info("request %s aborted", job.rid)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 #: Engine stats (``pong.engine``) that describe the running process, not counts since it began.
-ENGINE_GAUGES = frozenset({"bytes", "budget", "requests"})
+#: (``paused``, ``paused_bytes``: a generation stage's paused jobs, ``contract.gpu_turns``.)
+ENGINE_GAUGES = frozenset({"bytes", "budget", "requests", "paused", "paused_bytes"})
 
 
 def _ints(value: dict[Any, Any], floats: bool = False) -> dict[str, int]:

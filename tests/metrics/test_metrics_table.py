@@ -247,6 +247,13 @@ def _restarts(s: dict[str, Scrape]) -> None:
 def _stage_failed_requests(s: dict[str, Scrape]) -> None:
     for stage in ("reasoner", "generation"):  # no stage died
         assert s["after"].value("sgl_omni_stage_failed_requests_total", stage=stage) == 0
+def _preemptions(s: dict[str, Scrape]) -> None:
+    # none here: no older request's generation queued while a younger one's ran
+    # (tests/generation/test_preemption.py counts them)
+    assert s["after"].labels("sgl_omni_generation_preemptions_total", "stage") == {"generation"}
+    assert s["after"].value("sgl_omni_generation_preemptions_total", stage="generation") == 0
+
+
 def _sent_bytes(s: dict[str, Scrape]) -> None:
     after = s["after"]
     # the Reasoner got the chat image once (tests/umm/test_request_media.py bounds the rest)
@@ -314,6 +321,7 @@ EXPECT: dict[str, Callable[[dict[str, Scrape]], None]] = {
     "sgl_omni_stage_restarts_total": _restarts,
     "sgl_omni_stage_failed_requests_total": _stage_failed_requests,
     "sgl_omni_stage_job_seconds": _job_seconds,
+    "sgl_omni_generation_preemptions_total": _preemptions,
     "sgl_omni_stage_sent_bytes_total": _sent_bytes,
     "sgl_omni_stage_request_media_bytes": _request_media,
     "sgl_omni_reasoner_context_bytes": _context_gauge,

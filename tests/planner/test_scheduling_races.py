@@ -1,5 +1,7 @@
 """``PlannedGenerations`` under many concurrent requests: one generation at a time, the oldest
-queued first, and no orchestration race ever raises into a request.
+queued first, and no orchestration race ever raises into a request. With ``preempt`` a
+generation may also start while a younger request's runs (the stage would pause that one), never
+while an older one's does.
 
 Fake dispatches (no stages): Reasoner turns and generations sleep 0 or a few milliseconds, so the
 requests' tasks wake in every order; some requests are cancelled at random moments. Each request
@@ -22,11 +24,13 @@ from sglang_omni.pipeline.umm import DispatchReceipt
 class Watch:
     """Checks the stage's invariants as the scheduler drives the planner."""
 
-    def __init__(self, sched: PlannedGenerations) -> None:
+    def __init__(self, sched: PlannedGenerations, preempt: bool = False) -> None:
         self.sched = sched
+        self.preempt = preempt
         self.running: set[str] = set()
         self.generations = 0
         self.started: list[str] = []
+        self.unrun: set[str] = set()  # started, not run yet
         handle = sched.planner.handle
 
         def checked(event: Event):
@@ -34,8 +38,13 @@ class Watch:
                 plans = sched.planner.plan()
                 queued = [p.request_id for p in plans if p.phase == "queued"]
                 assert queued and queued[0] == event.request_id, (event, plans)  # oldest first
-                assert not any(p.phase == "generating" for p in plans), plans
+                running = [p.request_id for p in plans if p.phase == "generating"]
+                if preempt:  # only a younger request's generation may be running (and pause)
+                    assert all(_age(r) > _age(event.request_id) for r in running), plans
+                else:
+                    assert not running, plans
                 self.started.append(event.request_id)
+                self.unrun.add(event.request_id)
             return handle(event)
 
         sched.planner.handle = checked  # type: ignore[method-assign]
@@ -43,9 +52,15 @@ class Watch:
     async def generate(self, rid: str, sleep: float) -> str:
         # A generation whose request ended (cancelled, failed fast) may still be unwinding.
         live = {r for r in self.running
-                if r in self.sched.requests and self.sched.requests[r].failure is None}
+                if r in self.sched.requests and self.sched.requests[r].failure is None
+                and not (self.preempt and _age(r) > _age(rid))}  # paused by this one
         assert not live, f"{rid} runs while {live} run"
-        assert self.started and self.started[-1] == rid, "a generation the scheduler did not start"
+        if self.preempt:  # older requests' starts may follow at once, before this one runs
+            assert rid in self.unrun, "a generation the scheduler did not start"
+            self.unrun.discard(rid)
+        else:
+            assert self.started and self.started[-1] == rid, \
+                "a generation the scheduler did not start"
         self.running.add(rid)
         try:
             await asyncio.sleep(sleep)
@@ -53,6 +68,11 @@ class Watch:
             self.running.discard(rid)
         self.generations += 1
         return f"media of {rid}"
+
+
+def _age(rid: str) -> int:
+    """The admission rank of request ``r<i>`` (they are admitted in the order of ``i``)."""
+    return int(rid[1:])
 
 
 async def one_request(sched: PlannedGenerations, watch: Watch, rid: str, rng: random.Random,
@@ -72,10 +92,10 @@ async def one_request(sched: PlannedGenerations, watch: Watch, rid: str, rng: ra
 
 
 async def scenario(seed: int, clients: int, sleeps: tuple[float, ...], timeout_s: float,
-                   cancel_share: float) -> dict[str, int]:
+                   cancel_share: float, preempt: bool = False) -> dict[str, int]:
     rng = random.Random(seed)
-    sched = PlannedGenerations(timeout_s=timeout_s, max_generations=8)
-    watch = Watch(sched)
+    sched = PlannedGenerations(timeout_s=timeout_s, max_generations=8, preempt=preempt)
+    watch = Watch(sched, preempt)
     tasks = []
     for i in range(clients):
         tasks.append(asyncio.create_task(one_request(sched, watch, f"r{i}", rng, sleeps)))
@@ -103,25 +123,30 @@ async def scenario(seed: int, clients: int, sleeps: tuple[float, ...], timeout_s
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_concurrent_requests_with_near_instant_dispatches_all_complete(seed: int) -> None:
+@pytest.mark.parametrize("preempt", [False, True])
+def test_concurrent_requests_with_near_instant_dispatches_all_complete(seed: int,
+                                                                       preempt: bool) -> None:
     outcomes = asyncio.run(scenario(seed, clients=48, sleeps=(0.0, 0.0, 0.0005), timeout_s=3600,
-                                    cancel_share=0))
+                                    cancel_share=0, preempt=preempt))
     assert outcomes == {"completed": 48}
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_mixed_sleeps_and_cancellations_never_break_the_plan(seed: int) -> None:
+@pytest.mark.parametrize("preempt", [False, True])
+def test_mixed_sleeps_and_cancellations_never_break_the_plan(seed: int, preempt: bool) -> None:
     outcomes = asyncio.run(scenario(seed, clients=40, sleeps=(0.0, 0.0, 0.001, 0.003),
-                                    timeout_s=3600, cancel_share=0.3))
+                                    timeout_s=3600, cancel_share=0.3, preempt=preempt))
     assert set(outcomes) <= {"completed", "cancelled"}
     assert outcomes.get("completed", 0) > 0
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_an_overloaded_plan_fails_fast_or_refuses_but_never_races(seed: int) -> None:
+@pytest.mark.parametrize("preempt", [False, True])
+def test_an_overloaded_plan_fails_fast_or_refuses_but_never_races(seed: int,
+                                                                   preempt: bool) -> None:
     # 0.3 s deadlines cannot hold 30 requests of up to 4 generations of up to 10 ms each.
     outcomes = asyncio.run(scenario(seed, clients=30, sleeps=(0.0, 0.002, 0.01),
-                                    timeout_s=0.3, cancel_share=0.2))
+                                    timeout_s=0.3, cancel_share=0.2, preempt=preempt))
     assert set(outcomes) <= {"completed", "cancelled", "503"}
 
 

@@ -6,8 +6,9 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,7 +80,8 @@ def torch_dtype(name: str, device: Any) -> Any:
 
 
 class ModelThread:
-    """Runs blocking model calls one at a time, in submission order, on one thread.
+    """Runs blocking model calls one at a time, in submission order, on one thread (or on
+    ``workers`` threads, see ``__init__``).
 
     A model object must not run two calls at once (an out-of-memory included: the next call
     starts once the failed one's memory is freed). Cancelling the awaiting task drops a call
@@ -87,8 +89,13 @@ class ModelThread:
     the next call starts only after it returned.
     """
 
-    def __init__(self, spec: EngineSpec) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{spec.stage}-model")
+    def __init__(self, spec: EngineSpec, workers: int = 1) -> None:
+        """With ``workers`` > 1, a call paused at a denoising step boundary (the generation
+        stage's GPU turns) keeps its thread while others run; a call still computes only while
+        it holds the model (a lock: :meth:`set_aside` lends it out while the call waits), so a
+        cancelled call that has not returned yet never overlaps the next one."""
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{spec.stage}-model")
+        self._model = threading.Lock()
         self.stage, self.role = spec.stage, spec.role
 
     async def call(self, fn: Callable[..., T], *args: Any,
@@ -97,8 +104,22 @@ class ModelThread:
         ``OutOfGPUMemory`` after ``release()`` dropped what the engine keeps for the request
         and the memory the call held is freed, before the next call starts."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, partial(call_freeing_on_oom, self.stage, self.role, fn, *args,
-                                release=release))
+            self._pool, partial(self._holding, partial(
+                call_freeing_on_oom, self.stage, self.role, fn, *args, release=release)))
+
+    def _holding(self, fn: Callable[[], T]) -> T:
+        with self._model:
+            return fn()
+
+    @contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """From a call on the thread: let other calls have the model during the ``with`` block
+        (a pause at a step boundary); the call has it back after."""
+        self._model.release()
+        try:
+            yield
+        finally:
+            self._model.acquire()
 
     async def load(self, fn: Callable[[], None]) -> None:
         """``fn()`` on the thread, its errors as raised (the model's load fails the start-up)."""

@@ -64,11 +64,17 @@ def unsupported(pipe: Any, kwargs: dict[str, Any]) -> str | None:
 
 
 def generate(pipe: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any = None,
-             graphs: bool = False, on_frames: Any = None) -> Output:
+             graphs: bool = False, on_frames: Any = None, scheduler: Any = None,
+             pause: Any = None) -> Output:
     """``pipe(**kwargs, generator=..., callback_on_step_end=on_step_end)`` for what
     ``unsupported`` allows, computed as the module docstring says. With ``on_frames`` and
     ``output_type`` ``np``, the frames go to ``on_frames`` as the VAE decodes them
-    (:func:`decode_chunks`) and the output carries their count."""
+    (:func:`decode_chunks`) and the output carries their count.
+
+    ``scheduler``: the call's own scheduler (default ``pipe.scheduler``); with one of its own
+    the call keeps no state on ``pipe`` across steps, so ``pause(kept_bytes, step, steps)``,
+    called between two steps, may block while other calls run on ``pipe`` and the call
+    continues exactly where it stopped (``kept_bytes``: what it holds on the device)."""
     import numpy as np
     import torch
 
@@ -100,13 +106,14 @@ def generate(pipe: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any
             mrope_offset=text["vision_start_temporal_offset"], vision_fps=fps,
             curr=text["und_len"], device=device, condition_frame_indexes=conditioned)
             for text in texts]
+        scheduler = pipe.scheduler if scheduler is None else scheduler
         if pipe.config.use_native_flow_schedule:
-            train = pipe.scheduler.config.num_train_timesteps
+            train = scheduler.config.num_train_timesteps
             sigmas = np.linspace(1.0 - 1.0 / train, 0.0, steps + 1)[:-1]
-            pipe.scheduler.set_timesteps(steps, device=device, sigmas=sigmas)
+            scheduler.set_timesteps(steps, device=device, sigmas=sigmas)
         else:
-            pipe.scheduler.set_timesteps(steps, device=device)
-        timesteps = pipe.scheduler.timesteps
+            scheduler.set_timesteps(steps, device=device)
+        timesteps = scheduler.timesteps
         pipe._num_timesteps = len(timesteps)
         step = GenerationStep(pipe.transformer, texts, segments, latents, graphs)
         noisy = segments[0]["num_noisy_vision_tokens"]
@@ -118,17 +125,24 @@ def generate(pipe: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any
             velocity = velocities[0]
             if len(velocities) == 2:
                 velocity = velocities[1] + guidance * (velocities[0] - velocities[1])
-            latents = pipe.scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0),
-                                          return_dict=False)[0].squeeze(0)
+            latents = scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0),
+                                     return_dict=False)[0].squeeze(0)
             if on_step_end is not None:
                 outputs = on_step_end(pipe, i, t, {"latents": latents})
                 latents = outputs.pop("latents", latents).float()
+            if pause is not None and i + 1 < len(timesteps):
+                pause(step.held_bytes() + _nbytes(latents) + _nbytes(mask), i + 1,
+                      len(timesteps))
         step.close()
         pipe._current_timestep = None
         output_type = kwargs.get("output_type", "pil")
         if on_frames is not None and output_type == "np":
             return Output(None, streamed=decode_chunks(pipe, latents, on_frames))
         return Output(_decode(pipe, latents, output_type))
+
+
+def _nbytes(tensor: Any) -> int:
+    return int(tensor.numel() * tensor.element_size())
 
 
 def _initial_latents(pipe: Any, kwargs: dict[str, Any], generator: Any,
@@ -273,6 +287,7 @@ class GenerationStep:
         self.graph: Any = None
         self.inputs: Any = None
         self.outputs: Any = None
+        self.graph_pool_bytes = 0  # what the capture added to the device's reserved memory
 
     def __call__(self, latents: Any, timestep: float, noisy: int) -> list[Any]:
         import torch
@@ -300,6 +315,14 @@ class GenerationStep:
         self.graph = self.inputs = self.outputs = None
         self.text_kv = []
 
+    def held_bytes(self) -> int:
+        """The device bytes this step holds between calls: each prompt's text K/V, the rotary
+        tables and, once captured, the graph's buffers and its memory pool."""
+        held = [self.cos, self.sin, *(t for kv in self.text_kv for pair in kv for t in pair)]
+        for group in (self.inputs, self.outputs):
+            held.extend(group or ())
+        return sum(_nbytes(t) for t in held) + self.graph_pool_bytes
+
     def _capture(self, tokens: Any, steps: Any) -> list[Any]:
         """Run the first step eagerly on a side stream (warm-up), then capture the graph."""
         import torch
@@ -311,9 +334,11 @@ class GenerationStep:
             first = self._forward(*self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        reserved = torch.cuda.memory_reserved()
         with torch.cuda.graph(graph):
             self.outputs = self._forward(*self.inputs)
         self.graph = graph
+        self.graph_pool_bytes = max(0, torch.cuda.memory_reserved() - reserved)
         return first
 
     # --- the computation ---------------------------------------------------------------------

@@ -7,7 +7,11 @@ as for the native routes, plus what this backend needs (sizes are multiples of 1
 Cancellation: ``callback_on_step_end`` runs after every denoising step; it raises when the job
 is cancelled, which stops the call at once (no further step, no VAE decode) and leaves the
 pipeline usable. It also emits ``{"step", "steps"}`` progress. One pipeline object must not run
-two calls at once, so calls run one at a time on the model thread.
+two calls at once: the stage's GPU turns (``contract.gpu_turns``) let one job compute at a time.
+The fast loop, with a scheduler of its own per call, offers a step boundary between two steps:
+the job may pause there for an older request's job (on a thread of its own, its latents, text
+K/V and captured step kept on the device) and resume where it stopped, with the same output
+bytes. Stock ``__call__`` keeps its state on the pipeline and never pauses.
 
 Denoising: on a GPU, ``denoise.generate`` (the text pathway once per request, the two guidance
 passes batched, the step replayed as a CUDA graph; outputs equal to stock within bfloat16
@@ -22,6 +26,7 @@ a GPU), ``defaults`` (generation options used where a request leaves them unset,
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Callable
@@ -37,6 +42,7 @@ from sglang_omni.contract.generation_options import (
     HF_SIZE_MULTIPLE,
     check_generation_options,
 )
+from sglang_omni.contract.gpu_turns import MAX_PAUSED
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import GenerationPayload, MediaResult
 from sglang_omni.contract.result import StageResult
@@ -102,7 +108,9 @@ class HFGenerator(ThreadedModelEngine):
                                f"{', '.join(DENOISERS)}")
         self.policy = policy_from_spec(spec.media_policy)
         self.encoding = video_encoding(spec.factory)
-        self.thread = ModelThread(spec)
+        # a job paused at a step boundary keeps its thread: the jobs that run meanwhile need
+        # theirs (the stage's GPU turns let one compute at a time)
+        self.thread = ModelThread(spec, workers=1 + MAX_PAUSED)
 
     def _load(self) -> None:
         importing = time.perf_counter()
@@ -263,10 +271,24 @@ class HFGenerator(ThreadedModelEngine):
             return answer
 
         scheduler = self.pipe.scheduler
-        if call.flow_shift is not None and call.flow_shift != self.base_flow_shift:
-            self.pipe.scheduler = type(scheduler).from_config(scheduler.config,
-                                                              flow_shift=call.flow_shift)
+        shifted = call.flow_shift is not None and call.flow_shift != self.base_flow_shift
+        # the fast loop's own: the pipe keeps no state of the call between its steps
+        own = type(scheduler).from_config(scheduler.config, flow_shift=call.flow_shift) \
+            if shifted else copy.deepcopy(scheduler)
         fast = self.fast and denoise.unsupported(self.pipe, call.kwargs) is None
+        if shifted and not fast:
+            self.pipe.scheduler = own
+
+        def pause(kept_bytes: int, step: int, of: int) -> None:
+            if job.turn is None:
+                return
+            with self.thread.set_aside():  # the jobs that run meanwhile use the model
+                job.step_boundary(kept_bytes, step, of)
+            if job.cancelled.is_set():  # cancelled while paused: no further step
+                log.info("request %s: generation cancelled while paused at step %d of %d",
+                         job.rid, step, of)
+                raise JobCancelled()
+
         kw = call.kwargs
         log.info("hf generator: request %s: %s %dx%d, %d frames, %d steps (%s): started",
                  job.rid, call.modality, kw["width"], kw["height"], kw["num_frames"], steps,
@@ -277,7 +299,7 @@ class HFGenerator(ThreadedModelEngine):
             if fast:
                 output = denoise.generate(self.pipe, call.kwargs, generator, on_step_end,
                                           graphs=self.device.type == "cuda",
-                                          on_frames=on_frames)
+                                          on_frames=on_frames, scheduler=own, pause=pause)
             else:
                 output = self.pipe(
                     **call.kwargs, generator=generator, callback_on_step_end=on_step_end,

@@ -150,6 +150,9 @@ class _LiveCollector:
         failed = CounterMetricFamily("sgl_omni_stage_failed_requests", "requests in flight "
                                      "that a stage's exit or stall failed (each once)",
                                      labels=["stage"])
+        preemptions = CounterMetricFamily(
+            "sgl_omni_generation_preemptions", "generations a generation stage paused at a "
+            "denoising step boundary for an older request's", labels=["stage"])
         stages = self.orchestrator.stages
         for name, handle in stages.handles.items():
             up.add_metric([name], 1.0 if handle.healthy else 0.0)
@@ -160,12 +163,16 @@ class _LiveCollector:
             failed.add_metric([name], float(handle.failed_requests))
             sent.add_metric([name], float(c.sent_bytes))
             held.add_metric([name], float(handle.request_media.get("bytes", 0)))
+            if handle.spec.role == "generation":
+                preemptions.add_metric([name], float(handle.engine_stats().get("preemptions",
+                                                                                0)))
         yield up
         yield jobs
         yield sent
         yield held
         yield restarts
         yield failed
+        yield preemptions
 
     def _requests(self) -> Iterator[Metric]:
         states = GaugeMetricFamily("sgl_omni_request_states", "request states live in the "

@@ -187,7 +187,8 @@ class Progress(BaseModel):
 
 class PlannedRequest(BaseModel):
     rid: str
-    phase: str = Field(description="reasoning, deciding, queued or generating")
+    phase: str = Field(description="reasoning, deciding, queued, generating or paused (its "
+                       "generation waits for an older request's, on the stage)")
     allowance: int = Field(description="generations the plan still allows")
     used: int = Field(description="generations queued or run so far")
     deadline_in_s: float = Field(description="seconds until its timeout_s deadline")
