@@ -25,7 +25,8 @@ from tests.server import SCRIPTED_UMM, Server
 from tests.umm.kit import final, image, media_bytes, script
 
 STEP_S = 0.05
-OLD_STEPS, YOUNG_STEPS = 80, 100  # 4 s and 5 s on the stage
+OLD_STEPS, YOUNG_STEPS = 160, 100  # 8 s and 5 s on the stage: 8 s for the younger request
+# to reach the generation queue (its Reasoner turn) on a loaded machine
 HTTP = httpx.Client(timeout=120)
 
 
