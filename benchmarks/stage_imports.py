@@ -77,6 +77,7 @@ def profile_once(backend: str, stage: str, checkpoint: str | None,
             top = m.group(4).split(".")[0]
             by_package[top] = by_package.get(top, 0.0) + int(m.group(1)) / 1e6
     figures["imports_s"] = sum(by_package.values())
+    figures["modules"] = sum(1 for line in done.stderr.splitlines() if LINE.match(line))
     figures["by_package_s"] = dict(sorted(by_package.items(), key=lambda kv: -kv[1]))
     return figures
 
@@ -87,7 +88,8 @@ def summary(runs: list[dict[str, Any]], top: int) -> dict[str, Any]:
         return round(statistics.median(values), 3)
 
     out: dict[str, Any] = {k: med([r[k] for r in runs]) for k in
-                           ("stage_module_s", "engine_module_s", "engine_start_s", "imports_s")}
+                           ("stage_module_s", "engine_module_s", "engine_start_s", "imports_s",
+                            "modules")}
     parts = sorted({k for r in runs for k in r["engine_parts"]})
     out["engine_parts"] = {k: med([r["engine_parts"][k] for r in runs if k in r["engine_parts"]])
                            for k in parts}
@@ -120,7 +122,7 @@ def main() -> int:
             print(f"\n{backend} {stage} (median of {args.runs}): stage module "
                   f"{s['stage_module_s']:.2f} s, engine module {s['engine_module_s']:.2f} s, "
                   f"engine start {s['engine_start_s']:.2f} s {s['engine_parts']}; imports "
-                  f"{s['imports_s']:.2f} s in all")
+                  f"{s['imports_s']:.2f} s in all, {s['modules']:.0f} modules")
             for name, seconds in s["by_package_s"].items():
                 print(f"  {name:24} {seconds:6.2f} s")
     if args.out:
