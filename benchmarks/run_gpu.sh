@@ -30,8 +30,11 @@ if [ "${SKIP_WHEELS:-0}" != 1 ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
   for t in .whl/*.tar.xz; do tar xJf "$t" -C /tmp/site || exit 1; done
+  # bytecode now, as a plain pip install does: else the first server's start compiles every
+  # module of transformers and diffusers it imports, and start-up measures the compiler
+  $PY -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
   export PYTHONPATH=/tmp/site
-  echo "wheels installed in $(( $(date +%s) - t0 )) s"
+  echo "wheels installed and compiled in $(( $(date +%s) - t0 )) s"
 fi
 cd "$R/repo" || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
