@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_gpu import README_PROMPT, child_env, health, write_config  # noqa: E402
-from serve_kit import REPO, LogTail, Server, sse_request  # noqa: E402
+from serve_kit import REPO, LogTail, Server, http_client, sse_request  # noqa: E402
 
 #: The request's log line (``sglang_omni.access``): its status and timeline.
 ACCESS = re.compile(r"request rid=(\S+) .*?status=(\d+).* timeline=(\S+)")
@@ -100,16 +100,20 @@ class Load:
         self.server, self.tail, self.busy = server, tail, busy
         self.prompt, self.options = prompt, options
 
-    def one(self, rid: str, seed: int, out: dict[str, Any]) -> None:
+    def one(self, rid: str, seed: int, client: Any, out: dict[str, Any]) -> None:
         body: dict[str, Any] = {"prompt": self.prompt, "stream": True, "rid": rid,
                                 "stage_params": {"generation": {**self.options, "seed": seed}}}
         try:
-            result = sse_request(f"{self.server.url}/generate", body)
+            result = sse_request(f"{self.server.url}/generate", body, client=client)
         except Exception as exc:  # noqa: BLE001 - the other requests' figures stay
             out.update(rid=rid, error=f"{type(exc).__name__}: {exc}")
             return
         media = [e["t"] for e in result["events"] if e.get("kind") in ("image", "video")]
         errors = [e.get("error") for e in result["events"] if e.get("event") == "error"]
+        if "error_body" in result:  # refused before any work (503 at admission, 400, ...)
+            body_error = result["error_body"]
+            errors.insert(0, body_error.get("error", {}).get("message", body_error)
+                          if isinstance(body_error, dict) else body_error)
         out.update(rid=rid, seed=seed, status=result["status"],
                    started=result["started"], latency_s=result["wall_s"],
                    ended=result["started"] + result["wall_s"],
@@ -122,15 +126,19 @@ class Load:
         self.wait_quiet()
         start_mark = self.tail.mark()
         results: list[dict[str, Any]] = [{} for _ in range(n)]
+        clients = [http_client() for _ in range(n)]  # made first: each send is only the POST
         threads = []
         for i in range(n):
             rid = f"load-{label}-n{n}-{i}"
-            thread = threading.Thread(target=self.one, args=(rid, FIRST_SEED + i, results[i]))
+            thread = threading.Thread(target=self.one, args=(rid, FIRST_SEED + i, clients[i],
+                                                             results[i]))
             thread.start()
             threads.append(thread)
             time.sleep(SEND_GAP_S)
         for thread in threads:
             thread.join()
+        for client in clients:
+            client.close()
         time.sleep(0.5)  # the last request log lines
         lines = {}
         for _at, _source, message in self.tail.since(start_mark):
