@@ -13,7 +13,8 @@
 # the same serve_gpu.py (steps BASELINE_STEPS, default interleaved_first,video) for a side-by-side
 # comparison; ONLY=steps limits this checkout's run; SKIP_HF=1 skips hf_gpu.py.
 # ONLY may name the step `load` (alone or beside serve_gpu.py's steps): benchmarks/load_gpu.py,
-# N README requests at once (LOAD_EXTRA: more of its flags, e.g. "--ns 1,4 --deadline-s 0"),
+# N README requests at once (EXTRA too, and LOAD_EXTRA: its own flags, e.g. "--ns 1,4
+# --deadline-s 0"),
 # the BASELINE checkout's first when BASELINE is set, then this one's, and plot_load.py's SVG:
 # load_$P.json, load_${P}_baseline.json, load_$P.svg.
 set -u
