@@ -12,6 +12,11 @@
 # BASELINE=DIR (a checkout of an older commit, its path absolute) first serves that checkout with
 # the same serve_gpu.py (steps BASELINE_STEPS, default interleaved_first,video) for a side-by-side
 # comparison; ONLY=steps limits this checkout's run; SKIP_HF=1 skips hf_gpu.py.
+# ONLY may name the step `load` (alone or beside serve_gpu.py's steps): benchmarks/load_gpu.py,
+# N README requests at once (EXTRA too, and LOAD_EXTRA: its own flags, e.g. "--ns 1,4
+# --deadline-s 0"),
+# the BASELINE checkout's first when BASELINE is set, then this one's, and plot_load.py's SVG:
+# load_$P.json, load_${P}_baseline.json, load_$P.svg.
 set -u
 R=${1:-/tmp/omni}
 P=${2:-one-gpu}
@@ -26,8 +31,11 @@ if [ "${SKIP_WHEELS:-0}" != 1 ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
   for t in .whl/*.tar.xz; do tar xJf "$t" -C /tmp/site || exit 1; done
+  # bytecode now, as a plain pip install does: else the first server's start compiles every
+  # module of transformers and diffusers it imports, and start-up measures the compiler
+  $PY -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
   export PYTHONPATH=/tmp/site
-  echo "wheels installed in $(( $(date +%s) - t0 )) s"
+  echo "wheels installed and compiled in $(( $(date +%s) - t0 )) s"
 fi
 cd "$R/repo" || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -50,7 +58,31 @@ if [ "${SKIP_HF:-0}" != 1 ]; then
   rc=$?
   echo "hf_gpu.py ended $(date +%T) (exit $rc)"
 fi
-if [ -n "${BASELINE:-}" ]; then  # an older checkout, served by this serve_gpu.py, side by side
+LOAD=0
+SERVE_ONLY=${ONLY:-}
+case ",${ONLY:-}," in
+  *,load,*) LOAD=1; SERVE_ONLY=$(echo ",$ONLY," | sed 's/,load,/,/; s/^,//; s/,$//') ;;
+esac
+SERVE=1
+if [ -n "${ONLY:-}" ] && [ -z "$SERVE_ONLY" ]; then SERVE=0; fi  # ONLY=load: no serve_gpu.py
+if [ "$LOAD" = 1 ]; then  # many requests at once: the baseline's, then this checkout's
+  if [ -n "${BASELINE:-}" ]; then
+    echo "load_gpu.py (baseline $BASELINE) started $(date +%T)"
+    $PY -W ignore benchmarks/load_gpu.py --placement "$P" --checkpoint "$CKPT" \
+        --serve-from "$BASELINE" ${EXTRA:-} ${LOAD_EXTRA:-} --out "$R/load_${P}_baseline.json" \
+        --log "$R/server_load_${P}_baseline.log" > "$R/load_baseline.log" 2>&1
+    echo "load_gpu.py (baseline) ended $(date +%T) (exit $?)"
+  fi
+  echo "load_gpu.py started $(date +%T)"
+  $PY -W ignore benchmarks/load_gpu.py --placement "$P" --checkpoint "$CKPT" ${EXTRA:-} \
+      ${LOAD_EXTRA:-} --out "$R/load_$P.json" --log "$R/server_load_$P.log" > "$R/load.log" 2>&1
+  echo "load_gpu.py ended $(date +%T) (exit $?)"
+  old_json="$R/load_${P}_baseline.json"
+  [ -f "$old_json" ] || old_json=""
+  [ -f "$R/load_$P.json" ] && $PY benchmarks/plot_load.py --new "$R/load_$P.json" \
+      ${old_json:+--old "$old_json"} --out "$R/load_$P.svg"
+fi
+if [ "$SERVE" = 1 ] && [ -n "${BASELINE:-}" ]; then  # an older checkout, served by this serve_gpu.py, side by side
   echo "serve_gpu.py (baseline $BASELINE) started $(date +%T)"
   $PY -W ignore benchmarks/serve_gpu.py --placement "$P" --shape "$SHAPE" --checkpoint "$CKPT" \
       --serve-from "$BASELINE" --only "${BASELINE_STEPS:-interleaved_first,video}" ${EXTRA:-} \
@@ -58,9 +90,11 @@ if [ -n "${BASELINE:-}" ]; then  # an older checkout, served by this serve_gpu.p
       > "$R/serve_baseline.log" 2>&1
   echo "serve_gpu.py (baseline) ended $(date +%T) (exit $?)"
 fi
-echo "serve_gpu.py started $(date +%T)"
-$PY -W ignore benchmarks/serve_gpu.py --placement "$P" --shape "$SHAPE" --checkpoint "$CKPT" \
-    ${ONLY:+--only "$ONLY"} ${EXTRA:-} --out "$R/serve_$P.json" --log "$R/server_$P.log" > "$R/serve.log" 2>&1
-rc=$?
-echo "serve_gpu.py ended $(date +%T) (exit $rc)"
+if [ "$SERVE" = 1 ]; then
+  echo "serve_gpu.py started $(date +%T)"
+  $PY -W ignore benchmarks/serve_gpu.py --placement "$P" --shape "$SHAPE" --checkpoint "$CKPT" \
+      ${SERVE_ONLY:+--only "$SERVE_ONLY"} ${EXTRA:-} --out "$R/serve_$P.json" --log "$R/server_$P.log" > "$R/serve.log" 2>&1
+  rc=$?
+  echo "serve_gpu.py ended $(date +%T) (exit $rc)"
+fi
 touch "$R/DONE"

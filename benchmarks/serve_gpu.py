@@ -71,6 +71,9 @@ MODEL_SPANS = ("prefill", "decode", "denoise", "vae_decode")
 #: A stage's ready line: seconds since its process started, before its engine, in its start.
 READY = re.compile(r"ready \(backend \w+\) ([\d.]+) s after the process started: ([\d.]+) s "
                    r"to reach the engine, ([\d.]+) s in the engine's start")
+#: ... and, where the checkout logs them, its engine's start in parts (``name S s, ...``).
+PARTS = re.compile(r"in the engine's start \((.*\d s)\)$")
+PART = re.compile(r"([\w -]+?) ([\d.]+) s$")
 LOADED = re.compile(r"hf (reasoner|generator): .* loaded on .* in ([\d.]+) s, warmed up in "
                     r"([\d.]+) s.*pid (\d+)")
 
@@ -105,6 +108,11 @@ class Bench:
                     process_to_ready_s=float(ready.group(1)),
                     spawn_and_imports_s=float(ready.group(2)),
                     engine_start_s=float(ready.group(3)))
+                if parts := PARTS.search(message):  # the engine's start in parts, if logged
+                    self.stage_load[stage]["parts_s"] = {
+                        p.group(1): float(p.group(2)) for item in
+                        re.split(r", |; beside them: ", parts.group(1))
+                        if (p := PART.match(item.strip()))}
             m = LOADED.search(message)
             if m:
                 stage = "reasoner" if m.group(1) == "reasoner" else "generation"

@@ -173,22 +173,46 @@ class CpuClock:
         return totals
 
 
-def sse_request(url: str, body: dict[str, Any], stop_when: Any = None) -> dict[str, Any]:
+def http_client() -> Any:
+    """The client ``sse_request`` uses: long reads, a 10 s connect."""
+    import httpx
+
+    return httpx.Client(timeout=httpx.Timeout(3600.0, connect=10.0))
+
+
+def sse_request(url: str, body: dict[str, Any], stop_when: Any = None,
+                client: Any = None) -> dict[str, Any]:
     """POST a streaming request and read its SSE items (kinds and times, not the data).
 
     ``stop_when(events)`` is polled every 20 ms from another thread; when it returns True the
-    client disconnects (the socket is shut down) and ``disconnected_at`` records when."""
+    client disconnects (the socket is shut down) and ``disconnected_at`` records when.
+    ``client``: an ``http_client()`` made beforehand (its set-up then falls before ``started``,
+    so requests sent in a row arrive in that order); else one is made and closed here."""
+    import contextlib
     import socket as sockets
 
     import httpx
 
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(http_client())
+        return _sse(client, url, body, stop_when, sockets, httpx)
+    raise AssertionError("unreachable")
+
+
+def _sse(client: Any, url: str, body: dict[str, Any], stop_when: Any, sockets: Any,
+         httpx: Any) -> dict[str, Any]:
     started = time.time()
     events: list[dict[str, Any]] = []
     out: dict[str, Any] = {"events": events, "disconnected_at": None, "started": started}
     done = threading.Event()
-    with httpx.Client(timeout=httpx.Timeout(3600.0, connect=10.0)) as client, \
-            client.stream("POST", url, json=body) as response:
+    with client.stream("POST", url, json=body) as response:
         out["status"] = response.status_code
+        if response.status_code != 200:  # an error answer, not a stream: keep its message
+            try:
+                out["error_body"] = json.loads(response.read())
+            except ValueError:
+                out["error_body"] = response.text[:2000]
         sock = response.extensions["network_stream"].get_extra_info("socket")
 
         def watchdog() -> None:

@@ -8,7 +8,10 @@ servers so both see the same machine load, and reads where each second went:
   stage process started, seconds after the server did), ``before_engine_s`` (its own spawn and
   imports until its engine is built) and ``engine_start_s`` (the engine's start: imports, load,
   warm-up); for the hf backend also ``load_s`` (the engine's own "loaded ... in X s") and,
-  where the checkout logs it, ``imports_s`` (transformers or diffusers, in the engine's start).
+  where the checkout logs it, ``imports_s`` (transformers or diffusers, in the engine's start);
+  where the ready line splits the engine's start (``(engine module B s, imports I s, weights W
+  s, warm-up U s, other O s; beside them: weights read-ahead R s)``), each part as
+  ``part.<name>_s``.
 
 Servers: ``hf`` (``serve --demo``: the hf backend, the tiny random-weight checkpoint, built once
 into the cache beforehand) and ``scripted`` (``configs/cpu-scripted.yaml``). Prints the median and
@@ -40,6 +43,10 @@ from serve_kit import STAMP, free_port  # noqa: E402
 
 READY = re.compile(r"ready \(backend \w+\) ([\d.]+) s after the process started: ([\d.]+) s "
                    r"to reach the engine, ([\d.]+) s in the engine's start")
+#: The ready line's parts (this checkout's): ``(engine module B s, imports I s, ...; beside
+#: them: weights read-ahead R s)``.
+PARTS = re.compile(r"in the engine's start \((.*\d s)\)$")
+PART = re.compile(r"([\w -]+?) ([\d.]+) s$")
 LOADED = re.compile(r"hf (?:reasoner|generator): .* loaded on \w+ \([\w.]+\) in ([\d.]+) s")
 IMPORTS = re.compile(r"warmed up in [\d.]+ s; imports ([\d.]+) s")
 SERVERS = {"hf": ["--demo"], "scripted": ["--config", str(REPO / "configs/cpu-scripted.yaml")]}
@@ -100,6 +107,11 @@ def start_once(tree: Path, server: str, log_path: Path, timeout: float) -> dict[
             figures[f"{stage}.spawn_at_s"] = at - float(ready.group(1)) - started
             figures[f"{stage}.before_engine_s"] = float(ready.group(2))
             figures[f"{stage}.engine_start_s"] = float(ready.group(3))
+            if parts := PARTS.search(m.group(3)):
+                for item in re.split(r", |; beside them: ", parts.group(1)):
+                    if part := PART.match(item.strip()):
+                        name = part.group(1).replace(" ", "_").replace("-", "_")
+                        figures[f"{stage}.part.{name}_s"] = float(part.group(2))
         elif loaded := LOADED.search(m.group(3)):
             figures[f"{stage}.load_s"] = float(loaded.group(1))
             if imports := IMPORTS.search(m.group(3)):

@@ -123,7 +123,9 @@ class Engine(Protocol):
     that keeps state of a request across its jobs (the hf Reasoner's context) defines
     ``end_request(rid)``, which the stage calls when the server says the request ended and when
     it aborts the request's job, and ``stats()``, a dict of integers sent with every heartbeat
-    answer (``StageHandle.engine_stats``).
+    answer (``StageHandle.engine_stats``). ``startup_parts()``, called once ``start`` returned,
+    gives the seconds of the start's parts in turn (e.g. ``imports``, ``weights``, ``warm-up``)
+    and of what ran beside them (two dicts), for the stage's ready line.
     """
 
     async def start(self) -> None: ...

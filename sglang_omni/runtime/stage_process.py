@@ -113,6 +113,28 @@ def _process_started() -> float:
     return float(psutil.Process().create_time())
 
 
+def startup_parts(engine: Any, build_s: float, start_s: float) -> str:
+    """The engine's start in parts, for the ready line: ``engine module B s`` (importing and
+    building the engine), then the parts the engine reports (``startup_parts()``: e.g.
+    ``imports``, ``weights``, ``warm-up``; what is left of its start is ``other``), else
+    ``start S s``; then what ran beside them (``beside them: weights read-ahead R s, ...``)."""
+    parts, beside = {}, {}
+    report = getattr(engine, "startup_parts", None)
+    if callable(report):
+        parts, beside = report()
+    shown = [("engine module", build_s)]
+    if parts:
+        shown += list(parts.items())
+        shown.append(("other", max(0.0, start_s - sum(parts.values()))))
+    else:
+        shown.append(("start", start_s))
+    text = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in shown)
+    if beside:
+        text += "; beside them: " + ", ".join(f"{name} {seconds:.1f} s"
+                                              for name, seconds in beside.items())
+    return text
+
+
 def _drop_tracebacks(exc: BaseException | None) -> None:
     """Drop the tracebacks of ``exc`` and the errors it chains: their frames hold what the
     failed call allocated."""
@@ -218,6 +240,7 @@ class _StageServer:
         began = time.time()  # the process's own start is before this: spawn and imports
         try:
             self.engine = build_engine(self.spec)
+            built = time.time()
             await self.engine.start()
         except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then exit 1
             log.error("startup failed: %s\n%s", exc, traceback.format_exc())
@@ -235,9 +258,10 @@ class _StageServer:
         self._send_now({"op": "ready", "pid": os.getpid(), "stops_server_on_exit": bool(
             getattr(self.engine, "stops_server_on_exit", False))}, None)
         log.info("ready (backend %s) %.1f s after the process started: %.1f s to reach the "
-                 "engine, %.1f s in the engine's start (imports, load, warm-up)",
+                 "engine, %.1f s in the engine's start (%s)",
                  self.spec.backend, time.time() - _process_started(), began - _process_started(),
-                 time.time() - began)
+                 time.time() - began, startup_parts(self.engine, built - began,
+                                                    time.time() - built))
         fatal = await self._until_stop_or_failure()
         if fatal is not None:
             log.error("stopping: %s", fatal)

@@ -158,3 +158,24 @@ def test_a_client_that_leaves_releases_the_request_context(server: Server) -> No
     assert wait_until(lambda: ended.search(server.log()) is not None, timeout=30), server.log()
     assert wait_until(lambda: Scrape(server).value("sgl_omni_reasoner_context_bytes",
                                                    stage="reasoner") == 0, timeout=30)
+
+
+HF_READY = re.compile(r"ready \(backend hf\) [\d.]+ s after the process started: [\d.]+ s to "
+                      r"reach the engine, ([\d.]+) s in the engine's start \(engine module "
+                      r"([\d.]+) s, imports ([\d.]+) s, weights ([\d.]+) s, warm-up ([\d.]+) s, "
+                      r"other ([\d.]+) s; beside them: weights read-ahead ([\d.]+) s\)$")
+
+
+def test_each_stage_ready_line_splits_its_start_into_imports_weights_and_warm_up(
+        server: Server) -> None:
+    """Where a stage's start went, in its ready line: the engine's module, the libraries'
+    imports, the weights, the warm-up (none on the CPU), what is left, and the weights'
+    read-ahead that ran beside them (CUDA's initialisation too, on a GPU)."""
+    lines = [line for line in server.log().splitlines() if "ready (backend hf)" in line]
+    assert len(lines) == 2
+    for line in lines:
+        m = HF_READY.search(line)
+        assert m, line
+        total, *parts = (float(v) for v in m.groups()[:6])
+        assert parts[1] > 0 and parts[2] > 0  # imports and weights are measured
+        assert abs(total - sum(parts)) <= 0.35  # six parts, each rounded to 0.1 s

@@ -140,3 +140,28 @@ def test_the_makefile_takes_port_and_host() -> None:
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert f"--host 0.0.0.0 --port {port}" in out.stdout
+
+
+READY_PARTS = re.compile(r"ready \(backend scripted\) [\d.]+ s after the process started: "
+                         r"[\d.]+ s to reach the engine, ([\d.]+) s in the engine's start "
+                         r"\(engine module ([\d.]+) s, start ([\d.]+) s\)$")
+IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", re.M)
+
+
+def test_the_scripted_server_and_stages_import_no_model_library_and_say_where_start_went() -> None:
+    """The server process and the scripted stages never import torch, transformers or diffusers
+    (every process prints its imports into the log: ``PYTHONPROFILEIMPORTTIME``), and each
+    stage's ready line splits its engine's start into parts."""
+    with Server(*SCRIPTED_UMM, env={"PYTHONPROFILEIMPORTTIME": "1"}) as server:
+        assert wait_until(lambda: "all stages ready" in server.log(), timeout=30)
+        log = server.log()
+    imported = {m.split(".")[0] for m in IMPORTED.findall(log)}
+    assert "sglang_omni" in imported and "uvicorn" in imported  # the profile covers the server
+    assert not imported & {"torch", "transformers", "diffusers", "torchvision", "accelerate"}
+    lines = [line for line in log.splitlines() if "ready (backend scripted)" in line]
+    assert len(lines) == 2
+    for line in lines:
+        m = READY_PARTS.search(line)
+        assert m, line
+        total, parts = float(m[1]), float(m[2]) + float(m[3])
+        assert abs(total - parts) <= 0.15  # the parts are the start, rounded to 0.1 s each

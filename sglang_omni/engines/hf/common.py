@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -157,12 +158,17 @@ def init_cuda() -> None:
     torch.cuda.init()
 
 
-def _quietly(what: str, fn: Callable[[], object]) -> Callable[[], None]:
+def _quietly(what: str, fn: Callable[[], object],
+             took: dict[str, float] | None = None, part: str = "") -> Callable[[], None]:
+    """``fn`` with its errors logged, not raised; its seconds go to ``took[part]``."""
     def run() -> None:
+        began = time.perf_counter()
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - the load that follows meets it and reports it
             log.debug("%s (ahead of the load) failed: %r", what, exc)
+        if took is not None:
+            took[part] = time.perf_counter() - began
 
     return run
 
@@ -171,20 +177,28 @@ class ThreadedModelEngine:
     """Base of the hf engines: the model loads and runs on one ``ModelThread``.
 
     Subclasses set ``self.thread`` and ``self.spec`` in ``__init__`` and implement ``_load``
-    (run on the thread). While ``_load`` imports its libraries, the checkpoint's weight files
-    are read ahead (:func:`prefetch_weights`) and, for a stage on a GPU, CUDA initialises
+    (run on the thread), recording its parts' seconds in ``self.parts`` (``imports``,
+    ``weights``, ``warm-up``). While ``_load`` imports its libraries, the checkpoint's weight
+    files are read ahead (:func:`prefetch_weights`) and, for a stage on a GPU, CUDA initialises
     (:func:`init_cuda`) on threads of their own; ``start()`` returns after both ended.
+    :meth:`startup_parts` gives both sets of seconds to the stage's ready line.
     """
 
     thread: ModelThread
     spec: EngineSpec
+    #: The start's parts, in turn, and the work that ran beside them (seconds each).
+    parts: dict[str, float]
+    beside: dict[str, float]
 
     async def start(self) -> None:
+        self.parts, self.beside = {}, {}
         ahead = [threading.Thread(target=_quietly("prefetching the weights", lambda: (
-            prefetch_weights(str(self.spec.model_path)))), name="weights-prefetch", daemon=True)]
+            prefetch_weights(str(self.spec.model_path))), self.beside, "weights read-ahead"),
+            name="weights-prefetch", daemon=True)]
         if self.spec.gpu is not None:
-            ahead.append(threading.Thread(target=_quietly("initialising CUDA", init_cuda),
-                                          name="cuda-init", daemon=True))
+            ahead.append(threading.Thread(
+                target=_quietly("initialising CUDA", init_cuda, self.beside, "CUDA init"),
+                name="cuda-init", daemon=True))
         for thread in ahead:
             thread.start()
         try:
@@ -195,6 +209,11 @@ class ThreadedModelEngine:
 
     async def close(self) -> None:
         self.thread.close()
+
+    def startup_parts(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Where the start's seconds went: its parts in turn (imports, weights, warm-up), and
+        what ran beside them (the weights' read-ahead, CUDA's initialisation)."""
+        return dict(getattr(self, "parts", {})), dict(getattr(self, "beside", {}))
 
     def _load(self) -> None:
         raise TypeError(f"{type(self).__name__} must define _load")

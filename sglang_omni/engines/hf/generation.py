@@ -50,6 +50,7 @@ from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.hf import denoise
 from sglang_omni.engines.hf.action import run_action, wants_action
+from sglang_omni.engines.hf.classes import pipeline_class
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -114,13 +115,13 @@ class HFGenerator(ThreadedModelEngine):
 
     def _load(self) -> None:
         importing = time.perf_counter()
-        from diffusers import DiffusionPipeline
+        pipeline = pipeline_class(str(self.spec.model_path))
 
         started = time.perf_counter()
         self.device = torch_device(self.spec)
         dtype = torch_dtype(self.options["dtype"], self.device)
         guardrails = _guardrails_wanted()
-        self.pipe = DiffusionPipeline.from_pretrained(
+        self.pipe = pipeline.from_pretrained(
             self.spec.model_path, dtype=dtype, enable_safety_checker=guardrails)
         self.pipe.to(self.device)
         self.pipe.set_progress_bar_config(disable=True)
@@ -138,6 +139,8 @@ class HFGenerator(ThreadedModelEngine):
             for modality, options in WARM_UP:
                 self._denoise(Job("warmup", {}, [], emit=lambda _: None),
                               self._plan(modality, "warm up", options))
+        self.parts = {"imports": started - importing, "weights": loaded,
+                      "warm-up": time.perf_counter() - started - loaded}
         log.info("hf generator: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; imports "
                  "%.1f s; sound %s; guardrails %s; denoiser %s; pid %d", self.spec.model_path,
                  self.device, dtype, loaded, time.perf_counter() - started - loaded,

@@ -33,6 +33,7 @@ from typing import Any, cast
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import ReasonerPayload, ReasonerResult, reasoner_fields
 from sglang_omni.contract.result import StageResult
+from sglang_omni.engines.hf.classes import model_class, processor_class
 from sglang_omni.engines.hf.common import (
     JobCancelled,
     ModelThread,
@@ -102,15 +103,15 @@ class HFReasoner(ThreadedModelEngine):
 
     def _load(self) -> None:
         importing = time.perf_counter()
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        processor, model = processor_class(self.model_path), model_class(self.model_path)
 
         started = time.perf_counter()
         self.device = torch_device(self.spec)
         dtype = torch_dtype(self.options["dtype"], self.device)
-        self.processor = AutoProcessor.from_pretrained(self.model_path)
+        self.processor = processor.from_pretrained(self.model_path)
         self.tokenizer = self.processor.tokenizer
         placement = {"device_map": str(self.device)} if self.device.type == "cuda" else {}
-        self.model = AutoModelForImageTextToText.from_pretrained(
+        self.model = model.from_pretrained(
             self.model_path, dtype=dtype, **placement).to(self.device).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -125,6 +126,8 @@ class HFReasoner(ThreadedModelEngine):
         loaded = time.perf_counter() - started
         if self.device.type == "cuda":
             self._warm_up()
+        self.parts = {"imports": started - importing, "weights": loaded,
+                      "warm-up": time.perf_counter() - started - loaded}
         log.info("hf reasoner: %s loaded on %s (%s) in %.1f s, warmed up in %.1f s; imports "
                  "%.1f s; decoder %s; pid %d", self.spec.model_path, self.device, dtype, loaded,
                  time.perf_counter() - started - loaded, started - importing, mode, os.getpid())

@@ -1,0 +1,59 @@
+"""The library classes a checkpoint names, imported from their own modules.
+
+``from diffusers import DiffusionPipeline`` and transformers' ``Auto*`` classes go through the
+libraries' top-level lazy modules and model-zoo maps; the hf engines instead read the class name
+the checkpoint records (``model_index.json``'s ``_class_name``, ``config.json``'s
+``architectures``, ``processor_config.json``'s ``processor_class``) and import that class from
+the module that defines it. A class this table does not know falls back to the libraries'
+generic loaders (imported from their own submodules too), so another checkpoint still loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+#: Class name -> the module that defines it (the Cosmos3 checkpoints' classes).
+PIPELINES = {"Cosmos3OmniPipeline": "diffusers.pipelines.cosmos.pipeline_cosmos3_omni"}
+MODELS = {"Cosmos3OmniForConditionalGeneration":
+          "transformers.models.cosmos3_omni.modeling_cosmos3_omni"}
+PROCESSORS = {"Qwen3VLProcessor": "transformers.models.qwen3_vl.processing_qwen3_vl"}
+#: Where a checkpoint names no class this module knows.
+GENERIC_PIPELINE = ("diffusers.pipelines.pipeline_utils", "DiffusionPipeline")
+GENERIC_MODEL = ("transformers.models.auto.modeling_auto", "AutoModelForImageTextToText")
+GENERIC_PROCESSOR = ("transformers.models.auto.processing_auto", "AutoProcessor")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _load(name: str | None, known: dict[str, str], generic: tuple[str, str]) -> Any:
+    module, attr = (known[name], name) if name in known else generic
+    return getattr(importlib.import_module(module), attr)
+
+
+def pipeline_class(model_path: str) -> Any:
+    """The diffusers pipeline class of the checkpoint at ``model_path``."""
+    name = _read(Path(model_path) / "model_index.json").get("_class_name")
+    return _load(name, PIPELINES, GENERIC_PIPELINE)
+
+
+def model_class(model_path: str) -> Any:
+    """The transformers model class of the checkpoint's understanding tower."""
+    architectures = _read(Path(model_path) / "config.json").get("architectures") or [None]
+    return _load(architectures[0], MODELS, GENERIC_MODEL)
+
+
+def processor_class(model_path: str) -> Any:
+    """The transformers processor class of the checkpoint."""
+    root = Path(model_path)
+    name = _read(root / "processor_config.json").get("processor_class") or \
+        _read(root / "tokenizer_config.json").get("processor_class")
+    return _load(name, PROCESSORS, GENERIC_PROCESSOR)
