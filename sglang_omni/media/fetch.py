@@ -436,16 +436,38 @@ async def load_bytes(
     long = len(ref) >= OFF_LOOP_CHARS  # inline data: parsed and decoded off the loop
     source = await anyio.to_thread.run_sync(functools.partial(policy.resolve, label=label), ref) \
         if long else policy.resolve(ref, label=label)
-    if isinstance(source, RemoteMedia):
-        body = bytearray()
-        await fetch_remote(source.url, policy, body.extend, label=label, workdir=workdir)
-        await verify_fetched(body, label=label, url=source.url.url)  # 500 unless readable media
-        return bytes(body)
     if isinstance(source, InlineMedia):
         if long:
             return await anyio.to_thread.run_sync(
                 functools.partial(_decode_inline, label=label), source, policy, workdir)
         return _decode_inline(source, policy, workdir, label=label)
+    return await _read_source(source, policy, workdir, label=label)
+
+
+async def read_media(
+    ref: str, policy: MediaPolicy, workdir: RequestMediaDir, *, label: str
+) -> bytes | inline.InlinePayload:
+    """What :func:`load_bytes` reads, but inline data is not decoded: it is its payload,
+    checked under ``policy`` (size, strict base64) and its decoded size counted against
+    ``max_media_bytes``, for a reader that decodes it where the bytes are needed (the Reasoner
+    stage decodes a client's inline media as they arrive: ``runtime.ipc``), so the server never
+    holds a medium's bytes beside its text."""
+    source = await anyio.to_thread.run_sync(functools.partial(policy.resolve, label=label), ref) \
+        if len(ref) >= OFF_LOOP_CHARS else policy.resolve(ref, label=label)
+    if isinstance(source, InlineMedia):
+        charge(workdir, policy, source.payload.decoded_size, label=label)
+        return source.payload
+    return await _read_source(source, policy, workdir, label=label)
+
+
+async def _read_source(source: RemoteMedia | LocalMedia, policy: MediaPolicy,
+                       workdir: RequestMediaDir, *, label: str) -> bytes:
+    """The bytes of a remote or local medium (see :func:`load_bytes`)."""
+    if isinstance(source, RemoteMedia):
+        body = bytearray()
+        await fetch_remote(source.url, policy, body.extend, label=label, workdir=workdir)
+        await verify_fetched(body, label=label, url=source.url.url)  # 500 unless readable media
+        return bytes(body)
     return await anyio.to_thread.run_sync(
         functools.partial(_read_limited, label=label), str(source.path), policy
     )

@@ -24,7 +24,8 @@ from typing import TypeVar
 import anyio
 
 from sglang_omni.errors import MediaFetchFailed
-from sglang_omni.media.fetch import REASON_ATTR, load_bytes
+from sglang_omni.media.fetch import REASON_ATTR, load_bytes, read_media
+from sglang_omni.media.inline import InlinePayload
 from sglang_omni.media.policy import MediaPolicy
 from sglang_omni.media.stats import MEDIA_STATS
 from sglang_omni.media.workdir import RequestMediaDir
@@ -51,6 +52,16 @@ async def load_all(refs: Sequence[tuple[str, str]], policy: MediaPolicy,
     None); each fetch keeps its own limits too."""
     return await gather_within(
         [(label, functools.partial(load_bytes, ref, policy, workdir, label=label))
+         for label, ref in refs], policy, deadline_s=deadline_s, concurrency=concurrency)
+
+
+async def read_all(refs: Sequence[tuple[str, str]], policy: MediaPolicy,
+                   workdir: RequestMediaDir, *, deadline_s: float | None = None,
+                   concurrency: int = FETCH_CONCURRENCY) -> list[bytes | InlinePayload]:
+    """:func:`load_all` with :func:`~sglang_omni.media.fetch.read_media`: inline data is its
+    checked payload, not decoded."""
+    return await gather_within(
+        [(label, functools.partial(read_media, ref, policy, workdir, label=label))
          for label, ref in refs], policy, deadline_s=deadline_s, concurrency=concurrency)
 
 

@@ -7,11 +7,14 @@ all name ``omni-frame://i`` (the turn's ``job.frames``), a list of stable per-re
 those frames, and the bytes of only the items the stage process does not hold yet
 (``runtime.request_media`` keeps them there until the request ends).
 
-* Client media are read once, under the media policy, on the request's first turn: inline ones
-  (``data:`` URLs, bare base64) decoded, remote URLs fetched, local files read, a few at a time
-  and all within the request's media deadline (:func:`~sglang_omni.media.gather.load_all`).
-  Every turn reads the same bytes, and no base64 travels inside a stage message header. Their
-  size settles the request's reservation in the server's client media budget
+* Client media are read once, under the media policy, on the request's first turn: remote URLs
+  fetched, local files read, a few at a time and all within the request's media deadline
+  (:func:`~sglang_omni.media.gather.read_all`). Inline ones (``data:`` URLs, bare base64) are
+  checked (size, strict base64) but not decoded here: they go to the stage as the client's
+  base64 text, which the stage decodes as it arrives (``runtime.ipc``), so the server holds no
+  decoded copy beside the request's text (a 150 MB body took 2.08x its size, issue 33). Every
+  turn reads the same bytes, and no base64 travels inside a stage message header. Their
+  (decoded) size settles the request's reservation in the server's client media budget
   (:mod:`~sglang_omni.pipeline.media_budget`), released when the request is answered or ends.
 * Generated media are the adapter's frames: frame *N* keeps its key for the request (an
   adapter's ``frames`` list only grows, and an index always names the same bytes).
@@ -32,19 +35,22 @@ from sglang_omni.contract.result import Frames
 from sglang_omni.errors import BadRequest, StageDied
 from sglang_omni.media import MediaPolicy, RequestMediaDir
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts
-from sglang_omni.media.gather import load_all
+from sglang_omni.media.gather import read_all
+from sglang_omni.media.inline import InlinePayload
 from sglang_omni.pipeline.media_budget import MediaReservation
+from sglang_omni.runtime.ipc import WireFrame
 from sglang_omni.runtime.stage_handle import StageHandle
 
 
 @dataclass
 class ReasonerCall:
     """A turn as it goes to the stage: ``payload`` (media parts name ``omni-frame://i``),
-    ``media`` (``{keys, new}`` for ``StageHandle.call``) and ``frames`` (the new items' bytes)."""
+    ``media`` (``{keys, new}`` for ``StageHandle.call``) and ``frames`` (the new items: bytes,
+    or a client's inline medium as its base64 payload, decoded by the stage)."""
 
     payload: dict[str, Any]
     media: dict[str, list[str]]
-    frames: Frames
+    frames: list[WireFrame]
 
 
 @dataclass
@@ -69,7 +75,7 @@ class ReasonerMedia:
         self._also_held = also_held
         #: Client media references -> their key, and the bytes of those not sent yet.
         self._client_keys: dict[str, str] = {}
-        self._unsent: dict[str, bytes] = {}
+        self._unsent: dict[str, WireFrame] = {}
         self._client_bytes = 0
         #: Seconds of the request's media deadline (``request_deadline_s``) left.
         self._fetch_left_s = policy.request_deadline_s
@@ -96,7 +102,7 @@ class ReasonerMedia:
                                        if part.url is not None
                                        and not part.url.startswith(FRAME_SCHEME)])
         keys: list[str] = []
-        items: dict[str, bytes | bytearray] = {}
+        items: dict[str, WireFrame] = {}
         for part in parts:
             assert part.url is not None
             key, data = self._item(part.url, part.label, frames)
@@ -112,7 +118,8 @@ class ReasonerMedia:
     async def _read_client_media(self, refs: list[tuple[str, str]]) -> None:
         """Read the client media of ``refs`` not read yet (each once), concurrently, within
         what is left of the request's media deadline; settle the reservation to their size.
-        The fetched and decoded bytes count against max_media_bytes, as on the stage."""
+        The fetched bytes and the inline media's decoded size count against max_media_bytes,
+        as on the stage."""
         unread: dict[str, str] = {}
         for label, url in refs:
             if url not in self._client_keys:
@@ -122,7 +129,7 @@ class ReasonerMedia:
         started = time.monotonic()
         try:
             with _TurnDir() as workdir:
-                data = await load_all([(label, url) for url, label in unread.items()],
+                data = await read_all([(label, url) for url, label in unread.items()],
                                       self.policy, workdir.get(),
                                       deadline_s=max(self._fetch_left_s, 0.001))
         finally:
@@ -131,7 +138,8 @@ class ReasonerMedia:
             key = f"c{len(self._client_keys)}"
             self._client_keys[url] = key
             self._unsent[key] = item
-            self._client_bytes += len(item)
+            self._client_bytes += item.decoded_size if isinstance(item, InlinePayload) \
+                else len(item)
         if self.reservation is not None:
             self.reservation.settle(self._client_bytes + self._also_held)
 
@@ -145,7 +153,7 @@ class ReasonerMedia:
         for key in call.media["new"]:
             self._unsent.pop(key, None)
 
-    def _item(self, url: str, label: str, frames: Frames) -> tuple[str, bytes | bytearray]:
+    def _item(self, url: str, label: str, frames: Frames) -> tuple[str, WireFrame]:
         """(key, bytes) of the medium ``url`` names (client media were read already)."""
         if url.startswith(FRAME_SCHEME):
             index = url[len(FRAME_SCHEME):]

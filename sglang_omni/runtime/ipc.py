@@ -12,6 +12,14 @@ request's inline media) is not packed into it: it travels after the frames as a 
 own, encoded a window at a time as it is sent, and the receiver puts it back in its place. So
 sending a request holds little beyond the request itself, not a packed copy of its header.
 
+A frame may also be base64 text, an :class:`~sglang_omni.media.inline.InlinePayload` (a client's
+inline medium, checked strict base64 where it entered): it travels as that text, encoded a
+window at a time as it is sent, and the receiver decodes it a window at a time as it arrives,
+so its frame is the bytes the text decodes to. The sender never holds those bytes beside the
+text, and the receiver never holds the text. The header lists such frames (``b64frames``, their
+indices); a frame that is not strict base64 arrives empty and sets ``wire_error`` in the
+header (the message is read whole, so the messages behind it stay in step).
+
 A message can take long to arrive whole (an interleaved request's media: hundreds of MiB, sent
 as the server's loop gets to it), and the messages behind it wait. ``Channel.recv(keepalive=f)``
 calls ``f(moved)`` every :data:`KEEPALIVE_S` while a message is partly received, whether bytes
@@ -22,18 +30,20 @@ while its bytes keep coming.
 
 from __future__ import annotations
 
+import binascii
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgpack
 
 from sglang_omni.contract.result import Frames
+from sglang_omni.media.inline import InlinePayload
 
 _LEN = struct.Struct("!Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
@@ -43,6 +53,9 @@ MIN_TEXT = 1024 * 1024
 TEXT_WINDOW = 1024 * 1024
 #: The msgpack extension type that stands in the header for a string sent beside it.
 _TEXT_EXT = 17
+#: What a sender may put among a message's frames: bytes, or base64 text the receiver gets
+#: decoded (see the module contract).
+WireFrame: TypeAlias = bytes | bytearray | InlinePayload
 #: Seconds between ``keepalive`` calls while a message is partly received (well under the
 #: server's stall timeout, 3 s by default).
 KEEPALIVE_S = 0.5
@@ -60,6 +73,42 @@ class PackedHeader:
     def nbytes(self) -> int:
         """The bytes it takes on the wire (the texts set aside are ASCII)."""
         return len(self.head) + sum(len(text) for text in self.texts)
+
+
+def frame_size(frame: WireFrame) -> int:
+    """The bytes ``frame`` takes on the wire (a base64 frame: its characters)."""
+    if isinstance(frame, InlinePayload):
+        return len(frame.text) - frame.start
+    return len(frame)
+
+
+def pack_message(header: dict[str, Any], frames: Sequence[WireFrame] = ()) -> PackedHeader:
+    """:func:`pack_header` for a message whose frames are ``frames``, naming the base64 ones
+    (``b64frames``) for the receiver."""
+    b64 = [i for i, frame in enumerate(frames) if isinstance(frame, InlinePayload)]
+    return pack_header({**header, "b64frames": b64} if b64 else header, len(frames))
+
+
+def wire_pieces(packed: PackedHeader, frames: Sequence[WireFrame]) -> Iterator[Any]:
+    """The buffers of one message, in wire order (each piece an 8-byte length and its bytes);
+    base64 frames and the texts set aside are encoded a window at a time."""
+    yield _LEN.pack(len(packed.head))
+    yield packed.head
+    for frame in frames:
+        if isinstance(frame, InlinePayload):
+            yield _LEN.pack(frame_size(frame))
+            yield from _ascii_windows(frame.text, frame.start)
+        else:
+            yield _LEN.pack(len(frame))
+            yield frame
+    for text in packed.texts:  # ASCII: as many bytes as characters
+        yield _LEN.pack(len(text))
+        yield from _ascii_windows(text, 0)
+
+
+def _ascii_windows(text: str, start: int) -> Iterator[bytes]:
+    for at in range(start, len(text), TEXT_WINDOW):  # a window's copy at a time
+        yield text[at:at + TEXT_WINDOW].encode("ascii")
 
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
@@ -174,30 +223,22 @@ class Channel:
         self._sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
+    def send(self, header: dict[str, Any], frames: Sequence[WireFrame] | None = None) -> None:
         """Pack and send; WireEncodeError (nothing sent) when the header cannot be packed."""
         frames = frames or []
-        self.send_packed(pack_header(header, len(frames)), frames)
+        self.send_packed(pack_message(header, frames), frames)
 
-    def send_packed(self, packed: PackedHeader, frames: Frames | None = None) -> None:
-        """Send a header packed by ``pack_header(header, len(frames))`` and its frames."""
-        frames = frames or []
+    def send_packed(self, packed: PackedHeader,
+                    frames: Sequence[WireFrame] | None = None) -> None:
+        """Send a header packed by ``pack_message(header, frames)`` and its frames."""
         with self._send_lock:
             try:
-                self._send_piece(packed.head)
-                for frame in frames:
-                    self._send_piece(frame)
-                for text in packed.texts:  # ASCII: as many bytes as characters
-                    self._sock.sendall(_LEN.pack(len(text)))
-                    for at in range(0, len(text), TEXT_WINDOW):  # a window's copy at a time
-                        self._sock.sendall(text[at:at + TEXT_WINDOW].encode("ascii"))
+                for piece in wire_pieces(packed, frames or []):
+                    if len(piece):
+                        self._sock.sendall(piece)
+                    del piece  # a window sent is not held while the next is encoded
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise EOFError(str(exc)) from None
-
-    def _send_piece(self, piece: bytes | bytearray | memoryview) -> None:
-        self._sock.sendall(_LEN.pack(len(piece)))
-        if len(piece):
-            self._sock.sendall(piece)
 
     def recv(self, keepalive: Callable[[bool], None] | None = None
              ) -> tuple[dict[str, Any], Frames]:
@@ -206,7 +247,9 @@ class Channel:
         (size,) = _LEN.unpack(self._recv_exact(_LEN.size, None))
         alive = _Keepalive(keepalive) if keepalive is not None else None
         header = msgpack.unpackb(self._recv_exact(size, alive))
-        frames: Frames = [self._recv_piece(alive) for _ in range(header.pop("nframes", 0))]
+        b64 = set(header.pop("b64frames", None) or ())
+        frames: Frames = [self._recv_base64(alive, header) if i in b64 else
+                          self._recv_piece(alive) for i in range(header.pop("nframes", 0))]
         ntexts = header.pop("ntexts", 0)
         if ntexts:
             texts = [self._recv_piece(alive).decode("ascii") for _ in range(ntexts)]
@@ -217,9 +260,39 @@ class Channel:
         (size,) = _LEN.unpack(self._recv_exact(_LEN.size, alive))
         return self._recv_exact(size, alive)
 
+    def _recv_base64(self, alive: _Keepalive | None, header: dict[str, Any]) -> bytearray:
+        """A base64 frame, decoded a window at a time as it arrives (never held as text); an
+        empty frame and ``header["wire_error"]`` when it is not strict base64."""
+        (size,) = _LEN.unpack(self._recv_exact(_LEN.size, alive))
+        out = bytearray(size // 4 * 3)
+        window = bytearray(min(size, TEXT_WINDOW))  # a multiple of 4 characters
+        done = 0
+        valid = size % 4 == 0
+        for at in range(0, size, len(window) or 1):
+            view = memoryview(window)[:min(len(window), size - at)]
+            self._recv_into(view, alive)
+            if not valid:
+                continue  # read on, so that the next message starts where it should
+            try:
+                data = binascii.a2b_base64(view, strict_mode=True)
+            except binascii.Error:
+                valid = False
+                continue
+            out[done:done + len(data)] = data
+            done += len(data)
+        if not valid:
+            header["wire_error"] = "a base64 frame of the message is not strict base64"
+            return bytearray()
+        del out[done:]  # the padding
+        return out
+
     def _recv_exact(self, size: int, alive: _Keepalive | None) -> bytearray:
         buf = bytearray(size)
-        view = memoryview(buf)
+        self._recv_into(memoryview(buf), alive)
+        return buf
+
+    def _recv_into(self, view: memoryview, alive: _Keepalive | None) -> None:
+        size = len(view)
         got = 0
         while got < size:
             if alive is not None:
@@ -233,7 +306,6 @@ class Channel:
             got += n
             if alive is not None:
                 alive.moved = True
-        return buf
 
     def close(self) -> None:
         try:

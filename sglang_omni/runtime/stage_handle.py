@@ -26,13 +26,19 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, ServerError, StageDied
-from sglang_omni.runtime.ipc import WireEncodeError, pack_header
+from sglang_omni.runtime.ipc import (
+    WireEncodeError,
+    WireFrame,
+    frame_size,
+    pack_header,
+    pack_message,
+)
 from sglang_omni.runtime.stage_calls import (
     JOB_OPS,
     CallTable,
@@ -248,7 +254,8 @@ class StageHandle(StageFaults):
         self.ready = True
 
     # --- calls --------------------------------------------------------------------------------
-    async def call(self, rid: str, payload: Mapping[str, Any], frames: Frames | None = None,
+    async def call(self, rid: str, payload: Mapping[str, Any],
+                   frames: Sequence[WireFrame] | None = None,
                    on_chunk: ChunkCallback | None = None,
                    media: Mapping[str, list[str]] | None = None,
                    order: float | None = None) -> StageResult:
@@ -260,7 +267,8 @@ class StageHandle(StageFaults):
 
         ``media`` (``{keys, new}``, see :mod:`sglang_omni.runtime.request_media`): ``frames``
         are the request's new media items, kept by the stage for the request, and the job reads
-        the items ``keys`` names.
+        the items ``keys`` names. A frame may be a client's inline medium as its checked base64
+        text (``InlinePayload``): the stage decodes it as it arrives (``runtime.ipc``).
 
         Chunks go to ``on_chunk`` in order. Cancelling the awaiting task aborts the job on the
         stage and returns once the stage says the job ended (at most :data:`ABORT_WAIT_S`; at
@@ -282,13 +290,13 @@ class StageHandle(StageFaults):
         if media is not None:
             header["media"] = {"keys": list(media["keys"]), "new": list(media["new"])}
         try:
-            packed = pack_header(header, len(frames or []))
+            packed = pack_message(header, frames or [])
         except WireEncodeError as exc:
             where = exc.path.removeprefix("payload.") if exc.path else "the request"
             raise BadRequest(
                 f"{where}: holds {exc.detail}, which cannot be carried to the {self.name} stage; "
                 "send integers within 64 bits and strings of valid Unicode") from None
-        sent_bytes = packed.nbytes + sum(len(frame) for frame in frames or [])
+        sent_bytes = packed.nbytes + sum(frame_size(frame) for frame in frames or [])
         pending = self.calls.open_call(rid, on_chunk, sent_bytes, token)
         self._send(packed, frames, lambda exc: self._submit_failed(rid, pending, exc))
         started, outcome = time.monotonic(), "failed"
@@ -354,7 +362,7 @@ class StageHandle(StageFaults):
         self._send(pack_header(header), None, lambda exc: log.debug(
             "%s: could not send %s (stage gone): %r", self.name, op, exc))
 
-    def _send(self, packed: Any, frames: Frames | None,
+    def _send(self, packed: Any, frames: Sequence[WireFrame] | None,
               on_error: Callable[[BaseException], None]) -> None:
         link = self._link
         if link is None:  # no process (yet): nothing to send to

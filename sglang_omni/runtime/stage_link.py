@@ -12,14 +12,15 @@ flood of results cannot hold the loop; an end of file or a socket error calls ``
 While a message is still arriving (a large result: the stage's heartbeat answers wait behind
 it), ``on_bytes()`` is called after each read of its bytes: the stage is alive.
 
-Sending: :meth:`StageLink.send` queues a header packed by ``ipc.pack_header`` and its frames and
+Sending: :meth:`StageLink.send` queues a header packed by ``ipc.pack_message`` and its frames and
 writes at once what the socket takes (scatter-gather ``sendmsg``: the frames are not copied); the
 rest goes out as the socket drains, in order, at most :data:`WRITE_BUDGET` bytes per callback.
-A long text set aside is encoded one window at a time as it goes. A message is never cut: once
-queued it is sent whole or the link is lost, and then ``on_error`` of every message not sent
-whole is called with EOFError (on the loop, never from inside ``send``). A failed write (the
-stage is gone) fails every later send too, while what the stage sent before it is still read
-until the end of file.
+A long text set aside, or a base64 frame, is encoded one window at a time as it goes (only the
+server sends base64 frames: the stage's ``Channel`` decodes them as they arrive). A message is
+never cut: once queued it is sent whole or the link is lost, and then ``on_error`` of every
+message not sent whole is called with EOFError (on the loop, never from inside ``send``). A
+failed write (the stage is gone) fails every later send too, while what the stage sent before
+it is still read until the end of file.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ import logging
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgpack
 
 from sglang_omni.contract.result import Frames
-from sglang_omni.runtime.ipc import TEXT_WINDOW, PackedHeader, put_texts_back
+from sglang_omni.runtime.ipc import PackedHeader, WireFrame, put_texts_back, wire_pieces
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -62,19 +63,6 @@ class _Outgoing:
         self.bufs: deque[memoryview] = deque()
         self.more: Iterator[Any] | None = more
         self.on_error = on_error
-
-
-def _pieces(packed: PackedHeader, frames: Frames) -> Iterator[Any]:
-    """The buffers of one message, in wire order; texts are encoded a window at a time."""
-    yield _LEN.pack(len(packed.head))
-    yield packed.head
-    for frame in frames:
-        yield _LEN.pack(len(frame))
-        yield frame
-    for text in packed.texts:  # ASCII: as many bytes as characters
-        yield _LEN.pack(len(text))
-        for at in range(0, len(text), TEXT_WINDOW):
-            yield text[at:at + TEXT_WINDOW].encode("ascii")
 
 
 class StageLink:
@@ -110,11 +98,11 @@ class StageLink:
         self._loop.add_reader(self._fd, self._on_readable)
 
     # --- sending ------------------------------------------------------------------------------
-    def send(self, packed: PackedHeader, frames: Frames | None = None,
+    def send(self, packed: PackedHeader, frames: Sequence[WireFrame] | None = None,
              on_error: ErrorCallback | None = None) -> None:
         """Queue a message and write what the socket takes now; ``on_error`` is called (later,
         on the loop) if the link is lost before all of it was written."""
-        entry = _Outgoing(_pieces(packed, frames or []), on_error)
+        entry = _Outgoing(wire_pieces(packed, frames or []), on_error)
         if self.closed or self._write_broken:
             self._fail_later([entry])
             return

@@ -358,6 +358,12 @@ class _StageServer:
                 self.send_error({"rid": rid, "token": token},
                                 BadRequest(f"request {rid} is already running on this stage"))
                 return
+            if "wire_error" in header:  # a server bug: the request fails, the stage serves on
+                log.error("request %s: %s", rid, header["wire_error"])
+                self.send_error({"rid": rid, "token": token}, ServerError(
+                    f"the {self.spec.stage} stage received request {rid}'s media garbled "
+                    f"({header['wire_error']}); report this server bug"))
+                return
             if "media" in header:
                 try:
                     frames = self.media.frames_for(rid, header["media"], frames)

@@ -1,15 +1,23 @@
 """The server's end of a stage channel on the event loop (``runtime.stage_link``) speaks the
 stage's wire (``ipc.Channel``): messages of every size arrive whole and in order both ways, a
-long text travels beside its header, and a peer that goes away fails what is not sent and says
-it is lost."""
+long text travels beside its header, a base64 frame (a client's inline medium) travels as its
+text and arrives as its bytes, and a peer that goes away fails what is not sent and says it is
+lost."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import random
 import threading
+import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
-from sglang_omni.runtime.ipc import MIN_TEXT, Channel, channel_pair, pack_header
+import pytest
+
+from sglang_omni.media.inline import InlinePayload, parse_data_url
+from sglang_omni.runtime.ipc import MIN_TEXT, Channel, channel_pair, pack_header, pack_message
 from sglang_omni.runtime.stage_link import STAGING, StageLink
 
 MiB = 1024 * 1024
@@ -127,3 +135,96 @@ def test_a_message_still_arriving_says_the_stage_is_alive() -> None:
         theirs.close()
 
     asyncio.run(main())
+
+
+# --- base64 frames: a client's inline media, decoded as they arrive ------------------------------
+def _b64_payload(data: bytes, prefix: str = "data:image/png;base64,") -> InlinePayload:
+    return parse_data_url(prefix + base64.b64encode(data).decode())
+
+
+def _received(send: Callable[[Channel], None], count: int = 1
+              ) -> list[tuple[dict[str, Any], list[bytearray]]]:
+    """What the stage's ``Channel.recv`` gets of ``count`` messages ``send`` writes."""
+    ours, theirs = channel_pair()
+    got: list[tuple[dict[str, Any], list[bytearray]]] = []
+    reader = Channel(theirs)
+    thread = threading.Thread(target=lambda: got.extend(reader.recv() for _ in range(count)),
+                              daemon=True)
+    thread.start()
+    try:
+        send(Channel(ours))
+        thread.join(30)
+    finally:
+        ours.close()
+        theirs.close()
+    assert len(got) == count
+    return got
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 3 * MiB // 4 * 3 + 1, 3 * MiB + 2])
+def test_a_base64_frame_arrives_as_the_bytes_it_decodes_to(size: int) -> None:
+    """Every padding, a frame within one window and one over several."""
+    data = random.Random(size).randbytes(size)
+    frames: list[Any] = [b"raw", _b64_payload(data), bytearray(b"more"),
+                         InlinePayload(base64.b64encode(b"bare").decode(), None)]
+    [(header, received)] = _received(lambda c: c.send({"op": "submit", "n": 1}, frames))
+    assert header == {"op": "submit", "n": 1}  # b64frames is the wire's, not the message's
+    assert [bytes(f) for f in received] == [b"raw", data, b"more", b"bare"]
+
+
+def test_a_frame_that_is_not_base64_is_reported_and_the_next_message_stays_whole() -> None:
+    bad = InlinePayload("QUJD" * 300_000 + "QU!=", None)  # a wrong character in the last window
+
+    def send(channel: Channel) -> None:
+        channel.send({"op": "submit", "rid": "a"}, [bad, b"after"])
+        channel.send({"op": "submit", "rid": "b"}, [_b64_payload(b"fine")])
+
+    (first, frames), (second, next_frames) = _received(send, 2)
+    assert "not strict base64" in first["wire_error"] and frames == [b"", b"after"]
+    assert "wire_error" not in second and next_frames == [b"fine"]
+
+
+def test_the_stage_holds_a_base64_frame_as_its_bytes_never_as_text() -> None:
+    data = random.Random(5).randbytes(12 * MiB)
+    frame = _b64_payload(data)
+    text_size = len(frame.text) - frame.start
+    ours, theirs = channel_pair()
+    sender = threading.Thread(target=lambda: Channel(ours).send({"op": "submit"}, [frame]),
+                              daemon=True)
+    sender.start()
+    tracemalloc.start()
+    try:
+        _, [received] = Channel(theirs).recv()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        sender.join(30)
+        ours.close()
+        theirs.close()
+    assert received == data
+    # the bytes (3/4 of the text) and a window or two: the text never arrives whole
+    assert peak < len(data) + 4 * MiB, f"peak {peak / text_size:.2f}x the text"
+
+
+def test_the_server_end_sends_base64_frames_as_text_and_the_stage_decodes_them() -> None:
+    data = random.Random(3).randbytes(5 * MiB + 1)
+    frame = _b64_payload(data, "data:video/mp4;base64,")
+
+    async def main() -> tuple[dict[str, Any], list[bytes]]:
+        ours, theirs = channel_pair()
+        peer = threading.Thread(target=echo, args=(Channel(theirs), 1), daemon=True)
+        peer.start()
+        done: asyncio.Future[tuple[dict[str, Any], list[bytes]]] = \
+            asyncio.get_running_loop().create_future()
+        link = StageLink(ours, lambda h, f: done.set_result((h, [bytes(x) for x in f])),
+                         lambda: None)
+        packed = pack_message({"op": "submit"}, [b"x", frame])
+        assert packed.nbytes < 100  # the text travels as a frame, not in the header
+        link.send(packed, [b"x", frame])
+        got = await asyncio.wait_for(done, 60)
+        link.close()
+        peer.join(10)
+        return got
+
+    header, frames = asyncio.run(main())
+    assert header == {"op": "submit"} and frames == [b"x", data]  # echoed back as bytes

@@ -5,6 +5,7 @@ packed answers an error instead of vanishing."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.errors import BadRequest, StageCallError
+from sglang_omni.media.inline import InlinePayload
 from sglang_omni.runtime.stage_handle import StageHandle
 
 QUICK_S = 10.0  # generous: the calls fail in milliseconds; before the fix they never returned
@@ -71,6 +73,27 @@ def test_result_the_wire_cannot_carry_fails_the_request(stream: bool) -> None:
                                                on_chunk=lambda _: None), QUICK_S)
         assert caught.value.status == 500
         result = await asyncio.wait_for(handle.call("r2", chat("hello")), QUICK_S)
+        assert "hello" in result.payload["text"]
+
+    with_stage(scenario)
+
+
+def test_a_garbled_base64_frame_fails_its_call_and_the_stage_serves_on() -> None:
+    """A client's inline medium crosses as base64 text that the stage decodes as it arrives
+    (the server checked it where it entered); one that does not decode fails its request with
+    an error naming it, at once, and the stage serves the next (issue 33, item 4)."""
+    bad = InlinePayload("QUJD" * 300_000 + "QU!=", None)  # the last window does not decode
+    good = InlinePayload(base64.b64encode(b"the client's bytes").decode(), None)
+    media = {"keys": ["c0"], "new": ["c0"]}
+
+    async def scenario(handle: StageHandle) -> None:
+        with pytest.raises(StageCallError) as caught:
+            await asyncio.wait_for(handle.call("r1", chat("hi"), [bad], media=media), QUICK_S)
+        assert caught.value.status == 500
+        assert "garbled" in caught.value.message and "not strict base64" in caught.value.message
+        handle.end_request("r1")
+        result = await asyncio.wait_for(handle.call("r2", chat("hello"), [good], media=media),
+                                        QUICK_S)
         assert "hello" in result.payload["text"]
 
     with_stage(scenario)

@@ -10,9 +10,11 @@ restarts."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +26,10 @@ from sglang_omni.engines.synth_media import encode_png, frame_pixels
 from sglang_omni.errors import StageDied
 from sglang_omni.media.settings import policy_from_spec
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
+from sglang_omni.runtime.ipc import Channel, channel_pair
 from sglang_omni.runtime.request_media import RequestMediaStore
 from tests.media.media_http_server import PNG, MediaServer, serving
+from tests.media.padded import padded_mp4, padded_png
 from tests.metrics.kit import Scrape
 from tests.server import SCRIPTED_UMM, Server
 from tests.supervision.kit import fast, signal_stage, wait_health
@@ -37,6 +41,7 @@ from tests.umm.kit import (
     media_bytes,
     png_data_url,
     post_chat,
+    post_generate,
     script,
     sha256,
     wait_for,
@@ -224,6 +229,33 @@ def test_a_reasoner_restart_mid_request_fails_it_and_the_retry_reads_everything(
         {"kind": "image", "sha256": sha256(made)}]
 
 
+@pytest.mark.parametrize("route", ["/generate", "/v1/chat/completions"])
+def test_the_stage_reads_the_clients_exact_inline_bytes(server: Server, route: str) -> None:
+    """Inline media go to the Reasoner stage as the client's base64 and are decoded there
+    (issue 33, item 4): the stage reads exactly the client's bytes, images and videos, of
+    every padding, within one window of the wire and over several, the same medium twice."""
+    images = [padded_png(2 * 1024 * 1024 + 1, seed=1), padded_png(1000, seed=2)]
+    videos = [padded_mp4(1_500_002, seed=3)]
+    image_urls = [f"data:image/png;base64,{base64.b64encode(d).decode()}" for d in images]
+    video_urls = [f"data:video/mp4;base64,{base64.b64encode(d).decode()}" for d in videos]
+    image_urls.append(image_urls[0])
+    prompt = script(final("{media}"))
+    if route == "/generate":
+        resp = post_generate(server, {"prompt": prompt, "images": image_urls,
+                                      "videos": video_urls})
+        assert resp.status_code == 200, resp.text
+        read = json.loads(resp.json()["text"])
+    else:
+        resp = post_chat(server, {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": prompt},
+            *({"type": "image_url", "image_url": {"url": url}} for url in image_urls),
+            *({"type": "video_url", "video_url": {"url": url}} for url in video_urls)]}]})
+        assert resp.status_code == 200, resp.text
+        read = json.loads(resp.json()["choices"][0]["message"]["content"])
+    assert read == [*({"kind": "image", "sha256": sha256(d)} for d in [*images, images[0]]),
+                    *({"kind": "video", "sha256": sha256(d)} for d in videos)]
+
+
 # --- the two ends, without processes --------------------------------------------------------------
 class _Handle:
     """What ReasonerMedia reads of a stage handle."""
@@ -231,6 +263,24 @@ class _Handle:
     def __init__(self) -> None:
         self.name = "reasoner"
         self.process_generation = 1
+
+
+def over_the_wire(media: dict, frames: list) -> list:
+    """The frames the stage process receives of a submit carrying ``frames`` (sent as the
+    server sends them: a client's inline medium as its base64 text)."""
+    ours, theirs = channel_pair()
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(Channel(theirs).recv()), daemon=True)
+    reader.start()
+    try:
+        Channel(ours).send({"op": "submit", "media": media}, frames)
+        reader.join(30)
+    finally:
+        ours.close()
+        theirs.close()
+    header, received = got[0]
+    assert "wire_error" not in header and header["media"] == media
+    return received
 
 
 def _turn(*urls: str) -> dict:
@@ -248,9 +298,10 @@ def test_each_item_is_sent_once_and_a_lost_stage_fails_the_turn() -> None:
     async def turn(frames: list[bytes], *urls: str) -> tuple[list[int], list]:
         call = await media.prepare(handle, _turn(inline, *urls), frames)  # type: ignore[arg-type]
         assert inline not in json.dumps(call.payload)  # no base64 inside the header
-        job_frames = store.frames_for("r1", call.media, call.frames)
+        received = over_the_wire(call.media, call.frames)
+        job_frames = store.frames_for("r1", call.media, received)
         media.sent(handle, call)  # type: ignore[arg-type]
-        return [len(f) for f in call.frames], job_frames
+        return [len(f) for f in received], job_frames
 
     sent, seen = asyncio.run(turn([]))
     assert sent == [len(CLIENT_PNG)] and seen == [CLIENT_PNG]
