@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from sglang_omni.aio.race import race
@@ -105,7 +105,7 @@ async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GR
 
 
 async def with_keepalive(batches: AsyncIterator[list[Message]], every_s: float = KEEPALIVE_S
-                         ) -> AsyncIterator[list[Message] | str]:
+                         ) -> AsyncGenerator[list[Message] | str, None]:
     """``batches``, with :data:`KEEPALIVE` yielded after each ``every_s`` that brought none.
     Closing this iterator closes ``batches`` (its next batch, if awaited, is cancelled)."""
     pending: asyncio.Future[list[Message]] | None = None

@@ -92,12 +92,15 @@ class Fleet:
 def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "deadline",
            retries: int | None = None, config: Path | None = SCRIPTED,
            text_only: bool = False, max_wait_s: float = 30.0,
-           max_waiting: int = 256, health_check_s: float | None = None) -> Fleet:
+           max_waiting: int = 256, health_check_s: float | None = None,
+           **load_options: Any) -> Fleet:
     """Deploy (replacing the previous application) and wait until every replica is healthy and
     its stats reach the router (one stats period after they first answer). ``health_check_s``:
-    Ray's health check period and timeout both (default: the builder's)."""
+    Ray's health check period and timeout both (default: the builder's); ``load_options``:
+    ``load_config``'s (``allowed_media_domain=[...]``, say)."""
     with_delete()
-    source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only)
+    source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only,
+                                    **load_options)
     checks = {} if health_check_s is None else {"health_check_period_s": health_check_s,
                                                 "health_check_timeout_s": health_check_s}
     options = ScaleOptions(replicas=replicas, router=router, retries=retries,
