@@ -124,7 +124,7 @@ REPLICA_DIED = ("the replica serving this request exited (its server process die
 #: Seconds a fleet read (``/metrics``, ``GET /v1/videos``, ``/v1/queue``) takes at most in the
 #: gateway, from its arrival to its answer, the replicas' answers waited for and merged: with the
 #: proxy's hop the client has it within 2 s on a loaded host.
-FLEET_READ_S = 1.5
+FLEET_READ_S = 1.2
 #: Methods whose calls are not fenced: asking another replica cannot run anything twice.
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 #: Seconds the gateway waits for its fence's answer before it takes the call as taken.

@@ -105,7 +105,7 @@ class ScaleOptions:
     health_check_period_s: float = 2.0
     health_check_timeout_s: float = 10.0
     replica_silence_s: float = 6.0
-    fleet_read_s: float = 1.5
+    fleet_read_s: float = 1.2
     app_name: str = "omni"
 
     def __post_init__(self) -> None:

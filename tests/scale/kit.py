@@ -19,6 +19,8 @@ from ray.cluster_utils import Cluster
 
 from sglang_omni.config import parse_overrides
 from sglang_omni.scale.builder import build
+from sglang_omni.scale.fleet_answers import UNANSWERED_FIELD
+from sglang_omni.scale.fleet_metrics import REPLICA_UP
 from sglang_omni.scale.launch import replica_stats
 from sglang_omni.scale.spec import ScaleOptions, ServerSource
 from tests.server import free_port
@@ -131,6 +133,26 @@ def gateway_metric(fleet: Fleet, name: str, **labels: str) -> float:
                     sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+def whole_read(url: str, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    """``GET path`` of a fleet read (``/v1/videos``, ``/metrics``) until every replica answered
+    it: on a loaded machine a reply may miss the read's bound (``fleet_read_s``), and the read
+    names that replica (``unanswered_replicas``, ``sgl_omni_gateway_replica_up`` 0); then it is
+    taken again. The last answer after 30 reads either way."""
+    for _ in range(30):
+        resp = httpx.get(f"{url}{path}", params=params, timeout=60)
+        if resp.status_code != 200 or not _lacks_a_replica(resp):
+            break
+    return resp
+
+
+def _lacks_a_replica(resp: httpx.Response) -> bool:
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return bool(resp.json().get(UNANSWERED_FIELD))
+    return any(sample.name == REPLICA_UP and sample.value == 0
+               for family in text_string_to_metric_families(resp.text)
+               for sample in family.samples)
 
 
 def with_delete() -> None:

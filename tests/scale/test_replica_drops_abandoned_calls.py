@@ -1,7 +1,8 @@
 """A replica that took a fenced call and, resuming from a freeze, finds that its gateway
 abandoned it (the client was answered with the silence error) drops it: the answer goes
 nowhere, and the video job it made is cancelled and deleted, so no job exists that no client
-knows the id of. A call the fence lets through is answered as usual. The replica runs in this
+knows the id of; so is one made by a call cancelled before its answer left. A call the fence
+lets through is answered as usual. The replica runs in this
 process, outside Ray (its stages are real processes); the fence is a stand-in that answers as
 :class:`~sglang_omni.scale.call_fence.CallFence` does."""
 
@@ -86,6 +87,19 @@ def test_a_call_abandoned_while_the_replica_was_frozen_leaves_no_job() -> None:
             assert status == 200, body
             status, listed = await answer(replica, request("GET", "/v1/videos"))
             assert [j["id"] for j in json.loads(listed)["data"]] == [json.loads(body)["id"]]
+            # Cancelled by the gateway while its answer waits at the fence (the call is
+            # cancelled at once when the replica resumes): the job it made goes too.
+            asked = asyncio.Event()
+            replica._fence = _Stuck(asked)  # type: ignore[assignment]
+            call = asyncio.ensure_future(answer(replica, request("POST", "/v1/videos", VIDEO),
+                                                call_id="cancelled", fence="f",
+                                                issued=time.time()))
+            await asked.wait()
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            replica._fence = fence  # type: ignore[assignment]
+            status, after = await answer(replica, request("GET", "/v1/videos"))
+            assert [j["id"] for j in json.loads(after)["data"]] == [json.loads(body)["id"]]
         finally:
             await replica.__del__()
 
@@ -104,3 +118,18 @@ class _ClaimedAlready:
 
     async def settle(self, fence: str, namespace: str, token: str) -> bool:
         return await self.fence.settle(fence, namespace, token)
+
+
+class _Stuck:
+    """A fence that lets the call run and never answers its settle (``asked`` set then)."""
+
+    def __init__(self, asked: asyncio.Event) -> None:
+        self.asked = asked
+
+    async def claim(self, fence: str, namespace: str, token: str, issued: float) -> bool:
+        return True
+
+    async def settle(self, fence: str, namespace: str, token: str) -> bool:
+        self.asked.set()
+        await asyncio.Event().wait()
+        return True
