@@ -42,11 +42,13 @@ serve-demo: $(DEMO_STAMP)  ## the interleaved pipeline on the CPU with the scrip
 
 # The tests wait on servers more than they compute: two pytest-xdist workers, each taking whole
 # files (module-scoped servers start once). How long it takes: docs/development.md#test-time.
-# TEST_WORKERS=0 runs it in one process.
+# TEST_WORKERS=0 runs it in one process. --max-worker-restart=0: a worker that dies (a test past
+# its timeout ends its worker) fails the run at once; xdist 3.8's file scheduling can hang for
+# good when it replaces a crashed worker (docs/development.md says more).
 TEST_WORKERS ?= 2
 
 test: $(STAMP)  ## the whole test suite
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0
 
 lint: $(STAMP)  ## ruff on the code and tests, mypy on the package (CI runs both)
 	$(VENV)/bin/ruff check sglang_omni tests benchmarks

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+import contextvars
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from sglang_omni.aio.race import race
@@ -81,9 +82,11 @@ def forwarded(scope: Scope, body: bytes) -> dict[str, Any]:
     }
 
 
-async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GRACE_S
+async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GRACE_S,
+                    context: contextvars.Context | None = None
                     ) -> AsyncIterator[list[Message]]:
-    """Run ``app`` for one request; yield the messages it sends, in batches (all that are ready).
+    """Run ``app`` for one request (in ``context`` when given); yield the messages it sends, in
+    batches (all that are ready).
 
     An exception the app raises is raised here after the messages it sent. See the module
     docstring for what closing the iterator early does.
@@ -100,12 +103,12 @@ async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GR
             return {"type": "http.disconnect"}
         return receive
 
-    async for batch in run_asgi(app, scope, receiver, grace_s):
+    async for batch in run_asgi(app, scope, receiver, grace_s, context):
         yield batch
 
 
 async def with_keepalive(batches: AsyncIterator[list[Message]], every_s: float = KEEPALIVE_S
-                         ) -> AsyncIterator[list[Message] | str]:
+                         ) -> AsyncGenerator[list[Message] | str, None]:
     """``batches``, with :data:`KEEPALIVE` yielded after each ``every_s`` that brought none.
     Closing this iterator closes ``batches`` (its next batch, if awaited, is cancelled)."""
     pending: asyncio.Future[list[Message]] | None = None
@@ -149,7 +152,8 @@ def websocket_receiver(inbound: asyncio.Queue[Message]) -> Callable[[asyncio.Eve
 
 
 async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event], Receive],
-                   grace_s: float = GRACE_S) -> AsyncIterator[list[Message]]:
+                   grace_s: float = GRACE_S, context: contextvars.Context | None = None
+                   ) -> AsyncIterator[list[Message]]:
     """Run ``app`` on ``scope`` with ``receiver(gone)`` as its ``receive`` (``gone`` is set when
     the caller goes away); yield the messages it sends, in batches (all that are ready).
 
@@ -172,7 +176,7 @@ async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(_END)
 
-    task = asyncio.ensure_future(run())
+    task = asyncio.get_running_loop().create_task(run(), context=context)
     finished = False
     try:
         while True:

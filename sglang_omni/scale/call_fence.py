@@ -16,6 +16,19 @@ whichever comes first:
   for ``replica_silence_s``: from then on the replica's claim is refused, so the replica drops the
   call whenever it resumes, and the gateway asks another replica.
 
+A call the replica claimed and then went silent on (it froze after taking it) is not asked
+elsewhere, and its client is told so at once; the replica may still resume and run it, making
+what no client knows of (a video job whose id reached no one). So the answer's release is fenced
+too, whichever comes first:
+
+* the replica **settles** the call (:meth:`CallFence.settle`) before it lets the answer's first
+  message go: from then on the gateway's abandon is refused, and the gateway waits for the
+  answer, which is on its way (the replica froze while sending it);
+* the gateway **abandons** the call (:meth:`CallFence.abandon`) before it answers the client
+  with the silence error: from then on the replica's settle is refused, so the replica drops
+  the call when it resumes (stops it, and deletes what it made: a video job is cancelled and
+  deleted, never listed).
+
 A replica that cannot reach the fence drops the call (its gateway, the one client of the call,
 is gone); a gateway that cannot reach it does not retry. Entries live :data:`RETAIN_S` (a call is
 given up within ``replica_silence_s`` of being sent; a claim older than that is refused).
@@ -35,6 +48,8 @@ RETAIN_S = 600.0
 PRUNE_AT = 10_000
 CLAIMED = "claimed"
 GIVEN_UP = "given up"
+SETTLED = "settled"
+ABANDONED = "abandoned"
 
 
 class CallFence:
@@ -64,6 +79,34 @@ class CallFence:
         if state is not None:
             return state[0] == GIVEN_UP
         self._calls[token] = (GIVEN_UP, time.monotonic())
+        return True
+
+    def settle(self, token: str) -> bool:
+        """The replica that claimed call ``token`` is about to release its answer: True if it
+        may (the gateway still waits for it), and from then on the gateway cannot abandon it;
+        False if the gateway abandoned it (or gave it up): the replica drops the call."""
+        self._prune()
+        state = self._calls.get(token)
+        if state is None:  # pruned long after its claim: nobody abandoned it
+            return True
+        if state[0] in (CLAIMED, SETTLED):
+            self._calls[token] = (SETTLED, state[1])
+            return True
+        return False
+
+    def abandon(self, token: str) -> bool:
+        """The gateway answers call ``token``'s client with an error (its replica went silent):
+        True if the replica will drop the call (it has not settled it; a call no replica
+        claimed is given up), False if the replica settled it (its answer is on its way)."""
+        self._prune()
+        state = self._calls.get(token)
+        if state is None:
+            self._calls[token] = (GIVEN_UP, time.monotonic())
+            return True
+        if state[0] == SETTLED:
+            return False
+        if state[0] == CLAIMED:
+            self._calls[token] = (ABANDONED, state[1])
         return True
 
     def held(self) -> int:
@@ -96,13 +139,22 @@ def start(name: str) -> tuple[Any, str] | None:
 
 
 class FenceClient:
-    """A replica's side: claims calls at the fence their gateway named (handles cached)."""
+    """A replica's side: claims and settles calls at the fence their gateway named (handles
+    cached). An unreachable fence (its gateway is gone: no one waits for the call) answers no."""
 
     def __init__(self) -> None:
         self._actors: dict[tuple[str, str], Any] = {}
 
     async def claim(self, fence: str, namespace: str, token: str, issued: float) -> bool:
-        """Whether this replica may run the call (False too when the fence is unreachable)."""
+        """Whether this replica may run the call."""
+        return await self._ask(fence, namespace, "claim", token, issued)
+
+    async def settle(self, fence: str, namespace: str, token: str) -> bool:
+        """Whether this replica may release the answer of a call it claimed."""
+        return await self._ask(fence, namespace, "settle", token)
+
+    async def _ask(self, fence: str, namespace: str, method: str, token: str,
+                   *args: Any) -> bool:
         import asyncio
 
         import ray
@@ -112,9 +164,9 @@ class FenceClient:
             if actor is None:
                 actor = await asyncio.to_thread(ray.get_actor, fence, namespace)
                 self._actors[(fence, namespace)] = actor
-            return bool(await actor.claim.remote(token, issued))
+            return bool(await getattr(actor, method).remote(token, *args))
         except Exception as exc:  # noqa: BLE001 - its gateway is gone: no one waits for it
             self._actors.pop((fence, namespace), None)
-            log.warning("call %s not run: its gateway's fence %s is unreachable (%s)", token,
-                        fence, exc)
+            log.warning("call %s dropped (%s): its gateway's fence %s is unreachable (%s)",
+                        token, method, fence, exc)
             return False

@@ -20,8 +20,8 @@ first replica it reaches; the gateway is what can look at the answer first:
   that made it; ``GET /v1/videos`` lists every replica's jobs, and ``GET /metrics`` is every
   replica's metrics, each sample labelled with its replica, then the gateway's own
   (:mod:`~sglang_omni.scale.gateway_metrics`, labelled with the gateway); these fleet reads
-  (and ``GET /v1/queue``, the first replica's answer) ask every replica at once and wait at most
-  ``fleet_read_s`` for each, naming those that did not answer
+  (and ``GET /v1/queue``, the first replica's answer) ask every replica at once and answer
+  within ``fleet_read_s`` of reaching the gateway, naming the replicas that did not answer
   (:mod:`~sglang_omni.scale.fleet_answers`);
 * a replica that dies (its process killed) before its answer started answers 500 with the error
   a stage death gives; after a stream started, the stream ends with that error (``event: error``
@@ -63,7 +63,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -121,9 +121,10 @@ PLANNED = re.compile(r"^/(generate|v1/chat/completions)/?$")
 SESSION_LOST = "the replica serving this session exited; Ray Serve is replacing it; reconnect"
 REPLICA_DIED = ("the replica serving this request exited (its server process died) while the "
                 "request was in flight; Ray Serve is replacing it; retry the request")
-#: Seconds a fleet read (``/metrics``, ``GET /v1/videos``, ``/v1/queue``) waits for a replica:
-#: with the proxy's hop and the merge, the read answers within 2 s on a loaded host.
-FLEET_READ_S = 1.5
+#: Seconds a fleet read (``/metrics``, ``GET /v1/videos``, ``/v1/queue``) takes at most in the
+#: gateway, from its arrival to its answer, the replicas' answers waited for and merged: with the
+#: proxy's hop the client has it within 2 s on a loaded host.
+FLEET_READ_S = 1.2
 #: Methods whose calls are not fenced: asking another replica cannot run anything twice.
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 #: Seconds the gateway waits for its fence's answer before it takes the call as taken.
@@ -187,6 +188,7 @@ class OmniGateway(FleetAnswers):
         if scope["type"] == "websocket":
             await self._websocket(scope, receive, send)
             return
+        began = time.monotonic()  # a fleet read's bound counts from here
         with self.body_budget.lease() as lease:  # held until the relay ends (retries resend)
             try:
                 body = await self._read_body(scope, receive, lease)
@@ -197,9 +199,10 @@ class OmniGateway(FleetAnswers):
                 return
             if body is None:
                 return  # the client left before its body arrived
-            await self._answer(scope, receive, send, body)
+            await self._answer(scope, receive, send, body, began)
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytes,
+                      began: float) -> None:
         """Relay the request (its body read) to a replica, or to every replica for the fleet
         routes; a client that disconnects cancels the relay."""
         arrived_at = time.time() if (scope["method"] == "POST"
@@ -211,11 +214,11 @@ class OmniGateway(FleetAnswers):
                 else client_rid(body, limit)
         request = forwarded(scope, body)
         if is_fleet_listing(scope):
-            answer = self._list_everywhere(scope, request, send)
+            answer = self._list_everywhere(scope, request, send, began)
         elif is_fleet_metrics(scope):
-            answer = self._metrics_everywhere(request, send)
+            answer = self._metrics_everywhere(request, send, began)
         elif is_any_replica_read(scope) and fleet_members.current():
-            answer = self._first_answer(scope, request, send)
+            answer = self._first_answer(scope, request, send, began)
         else:
             answer = self._relay(scope, request, send, arrived_at, rid)
         await race(answer, _disconnected(receive))  # the relay's failure is raised
@@ -355,14 +358,30 @@ class OmniGateway(FleetAnswers):
         started: Message | None = None
         held: _Refused | None = None
         replica: str | None = None
+        fence = self._fenced(kwargs["call_id"]) if fenced else None
+        silent_first: dict[str, bool] = {}
+
+        async def first_silent() -> bool:
+            """The call never brought its first item: whether to give up waiting (asked
+            elsewhere, or failed) rather than wait on for an answer already released."""
+            if not fenced:
+                silent_first["retry"] = may_retry(503)
+                return True
+            if fence is None:
+                return True
+            if may_retry(503) and await self._gave_up(kwargs["call_id"]):
+                silent_first["retry"] = True
+                return True
+            return await fence.abandon()
+
         try:
             try:
                 replica = await routed_calls.first_item(call, kwargs["call_id"],
-                                                        self.replica_silence_s)
+                                                        self.replica_silence_s, first_silent)
             except ReplicaSilent as exc:  # it never started: another replica is asked
-                if not may_retry(503):
-                    raise
-                if fenced and not await self._gave_up(kwargs["call_id"]):
+                if not silent_first.get("retry"):
+                    if not fenced or not may_retry(503):
+                        raise
                     raise ReplicaSilent(exc.replica, self.replica_silence_s, exc.replicas,
                                         UNFENCED if self.fence is None else TAKEN) from None
                 self.metrics.replica_silences.inc()
@@ -373,7 +392,16 @@ class OmniGateway(FleetAnswers):
                 self.waiting_room.leave()
             if rid is not None:
                 self.rid_pins.started(rid, replica)
-            async for batch in self._batches(call, replica):
+
+            async def batch_silent() -> bool:
+                """The call went silent after it started: whether to give up waiting (the
+                client gets the silence error) rather than wait on for an answer released."""
+                if started is not None or fence is None:
+                    return True
+                silent_first["dropped"] = await fence.abandon()
+                return silent_first["dropped"]
+
+            async for batch in self._batches(call, replica, batch_silent):
                 for message in batch:
                     if started is None and message["type"] == "http.response.start":
                         started = message
@@ -385,6 +413,8 @@ class OmniGateway(FleetAnswers):
         except (asyncio.CancelledError, RequestCancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every answer ends well-formed
+            if isinstance(exc, ReplicaSilent) and silent_first.get("dropped"):
+                exc = ReplicaSilent(exc.replica, self.replica_silence_s, exc.replicas, TAKEN)
             await self._failed(scope, send, started if held is None else None, exc)
             return None
         finally:
@@ -411,19 +441,34 @@ class OmniGateway(FleetAnswers):
                         "of another replica", exc, call_id)
             return False
 
-    async def _batches(self, call: DeploymentResponseGenerator, replica: str
+    def _fenced(self, call_id: str) -> _Abandon | None:
+        """How a fenced call is abandoned at this gateway's fence (None without a fence)."""
+        if self.fence is None:
+            return None
+        return _Abandon(self.fence[0], call_id)
+
+    async def _batches(self, call: DeploymentResponseGenerator, replica: str,
+                       on_silent: Callable[[], Awaitable[bool]] | None = None
                        ) -> AsyncIterator[list[Message]]:
         """The message batches of ``replica``'s call, up to its :data:`STREAM_END`; StreamCut
         when the stream stops before it, ReplicaSilent (and the replica marked silent) when
-        nothing, not even a keep-alive, comes for ``replica_silence_s``."""
+        nothing, not even a keep-alive, comes for ``replica_silence_s``, unless ``on_silent()``
+        says False (the replica released its answer before it froze: it is waited for, as
+        long as the replica lives)."""
+        limit: float | None = self.replica_silence_s
         while True:
             try:
-                item = await asyncio.wait_for(call.__anext__(), self.replica_silence_s)
+                item = await asyncio.wait_for(call.__anext__(), limit)
             except StopAsyncIteration:
                 raise StreamCut("the replica's stream stopped before its end") from None
             except TimeoutError:
                 silent_replicas.mark(replica)
-                raise ReplicaSilent(replica, self.replica_silence_s) from None
+                if on_silent is None or await on_silent():
+                    raise ReplicaSilent(replica, self.replica_silence_s) from None
+                log.warning("replica %s is silent but had released its answer: waiting for "
+                            "it", replica)
+                limit = None
+                continue
             if item == STREAM_END:
                 return
             if item != KEEPALIVE:
@@ -451,6 +496,26 @@ class OmniGateway(FleetAnswers):
                         "body": stream_failure(scope["path"], error), "more_body": False})
         else:
             raise exc  # a plain body cut short: the connection is closed
+
+
+@dataclass(frozen=True)
+class _Abandon:
+    """Abandon one fenced call at the gateway's fence (:mod:`~sglang_omni.scale.call_fence`)."""
+
+    actor: Any
+    call_id: str
+
+    async def abandon(self) -> bool:
+        """True if the replica will drop the call (the client is told the silence error);
+        False if it released its answer first (the answer is on its way: wait for it). A fence
+        that does not answer: True (the client is not kept waiting on a silent replica)."""
+        try:
+            return bool(await asyncio.wait_for(self.actor.abandon.remote(self.call_id),
+                                               FENCE_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - the client gets its error; logged
+            log.warning("the gateway's call fence did not answer (%s): call %s may still run "
+                        "on its replica when that replica resumes", exc, self.call_id)
+            return True
 
 
 def _replica_id() -> str:

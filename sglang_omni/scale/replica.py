@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +40,7 @@ from sglang_omni.scale.spec import ReplicaPlan
 from sglang_omni.scale.stats import ReplicaStats
 from sglang_omni.serve.app import create_app
 from sglang_omni.serve.chat.fleet_queue import WAITED_S_KEY
+from sglang_omni.serve.direct.video_jobs import CALL_TAG, drop_jobs_of
 
 log = logging.getLogger("sglang_omni.scale")
 #: Client messages a relayed WebSocket session may hold before the gateway's next one waits.
@@ -119,15 +121,37 @@ class OmniReplica:
         scope = http_scope(request)
         if arrived_at is not None:
             scope[WAITED_S_KEY] = max(0.0, time.time() - float(arrived_at))
+        settled = fence is None or call_id is None
+        context = None
+        if not settled:  # a job the app makes is tagged with the call: dropped if it never left
+            context = contextvars.copy_context()
+            context.run(CALL_TAG.set, call_id)
+        answer = with_keepalive(call_asgi(self.app, scope, request["body"], context=context))
         try:
             yield self.id
-            async for batch in with_keepalive(call_asgi(self.app, scope, request["body"])):
-                for message in batch if isinstance(batch, list) else ():
+            async for batch in answer:
+                messages = batch if isinstance(batch, list) else []
+                if not settled and any(m["type"] == "http.response.start" for m in messages):
+                    assert fence is not None and call_id is not None
+                    if not await self._fence.settle(fence, fence_namespace, call_id):
+                        self.stats.fenced += 1
+                        log.warning("call %s (%s %s) dropped: its gateway answered the client "
+                                    "with an error while this replica did not answer (it was "
+                                    "frozen after taking the call)", call_id,
+                                    request["method"], path)
+                        return
+                    settled = True
+                for message in messages:
                     if message["type"] == "http.response.start":
                         self.stats.answered(int(message["status"]))
                 yield batch
             yield STREAM_END
         finally:
+            await answer.aclose()
+            if not settled and call_id is not None and (made := drop_jobs_of(call_id)):
+                # its answer never left (dropped, or the gateway cancelled the call first)
+                log.warning("call %s: %d video job(s) it made cancelled and deleted, its answer "
+                            "having reached no client", call_id, made)
             self.stats.ended(path, call_id, planned)
 
     async def websocket(self, request: dict[str, Any], session: str

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,16 +71,20 @@ def forget(call_id: str) -> None:
         _notes.pop(call_id, None)
 
 
-async def first_item(call: AsyncIterator[Any], call_id: str, silence_s: float) -> Any:
+async def first_item(call: AsyncIterator[Any], call_id: str, silence_s: float,
+                     on_silent: Callable[[], Awaitable[bool]] | None = None) -> Any:
     """The call's first item (the replica's id). ReplicaSilent when a router sent the call
     somewhere and nothing came for ``silence_s`` since its latest note (a replica frozen before
-    its first reply: the one Ray confirmed is marked silent); while no router has sent it (the
-    deadline router's hold, Ray still choosing) the wait is not limited here."""
+    its first reply: the one Ray confirmed is marked silent), unless ``on_silent()`` says False
+    (the call's answer is known to be on its way: it is waited for with no limit here); while
+    no router has sent it (the deadline router's hold, Ray still choosing) the wait is not
+    limited here."""
     first = asyncio.ensure_future(anext(call))
     poll_s = min(0.5, silence_s / 4)
+    patient = False
     try:
         while True:
-            done, _ = await asyncio.wait({first}, timeout=poll_s)
+            done, _ = await asyncio.wait({first}, timeout=None if patient else poll_s)
             if done:
                 return first.result()
             sent = sent_to(call_id)
@@ -88,6 +92,9 @@ async def first_item(call: AsyncIterator[Any], call_id: str, silence_s: float) -
                 continue
             if len(sent.replicas) == 1:
                 silent_replicas.mark(sent.replicas[0])
+            if on_silent is not None and not await on_silent():
+                patient = True
+                continue
             raise ReplicaSilent(" or ".join(sent.replicas), silence_s, sent.replicas)
     finally:
         first.add_done_callback(_retrieved)

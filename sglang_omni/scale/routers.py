@@ -288,7 +288,13 @@ class RoundRobinRouter(_Members, RequestRouter):
 
 class PowerOfTwoRouter(_Members, PowerOfTwoChoicesRequestRouter):
     """Ray's default router (power of two choices on requests in flight) over the replicas not
-    excluded (unless all are), pinned calls aside."""
+    excluded (unless all are), pinned calls aside: of two replicas drawn at random, the one
+    with fewer requests in flight by Ray's queue-length cache (ties: Ray's random order).
+
+    Ray's own choice draws from every replica it knows, whatever candidates it is given, and
+    answers with both of the two (Ray then sends to whichever its probe prefers): the pair is
+    filtered here and one replica kept (:func:`first_only`'s reason), so an excluded or silent
+    replica is never sent the call and a call found silent names the one it went to."""
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
@@ -296,9 +302,17 @@ class PowerOfTwoRouter(_Members, PowerOfTwoChoicesRequestRouter):
         if (pin := pinned(candidate_replicas, pending_request)) is not None:
             return pin
         skip = excluded(pending_request)
-        pool = [r for r in candidate_replicas if r.replica_id.unique_id not in skip]
-        return noted(pending_request,
-                     await super().choose_replicas(pool or candidate_replicas, pending_request))
+        pool = [r for r in candidate_replicas if r.replica_id.unique_id not in skip] \
+            or list(candidate_replicas)
+        allowed = {r.replica_id.unique_id for r in pool}
+        drawn = [r for group in await super().choose_replicas(pool, pending_request)
+                 for r in group if r.replica_id.unique_id in allowed]
+        if not drawn:
+            drawn = random.sample(pool, min(2, len(pool)))
+        cache = self.replica_queue_len_cache
+        best = min(drawn, key=lambda r: cache.get(r.replica_id) or 0)
+        return noted(pending_request, first_only({best.replica_id.unique_id: best},
+                                                 [best.replica_id.unique_id]))
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:

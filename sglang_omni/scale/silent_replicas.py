@@ -76,8 +76,9 @@ def not_retried(replica: str, silence_s: float, why: str) -> str:
 
 
 #: Why a silent call is not asked of another replica.
-TAKEN = ("that replica had taken it, so it may still run there when the replica resumes, and "
-         "running it twice is what the gateway avoids")
+TAKEN = ("that replica had taken it, so asking another could run it twice; it is dropped there "
+         "when that replica resumes (it neither runs nor keeps anything it made, such as a video "
+         "job)")
 UNFENCED = ("this gateway's call fence is not running, so it cannot stop the call from running "
             "there too when that replica resumes")
 

@@ -91,8 +91,8 @@ class ScaleOptions:
     process, a blocked event loop) is replaced; long before, a gateway fails a request whose
     replica's call brought nothing (not even its keep-alive) for ``replica_silence_s`` and
     passes that replica over. A fleet read (``GET /metrics``, ``GET /v1/videos``,
-    ``GET /v1/queue``) waits at most ``fleet_read_s`` for each replica and names those that did
-    not answer."""
+    ``GET /v1/queue``) answers within ``fleet_read_s`` of reaching the gateway, the replicas'
+    answers waited for and merged, and names the replicas that did not answer in time."""
 
     replicas: int = 2
     router: str = "deadline"
@@ -105,7 +105,7 @@ class ScaleOptions:
     health_check_period_s: float = 2.0
     health_check_timeout_s: float = 10.0
     replica_silence_s: float = 6.0
-    fleet_read_s: float = 1.5
+    fleet_read_s: float = 1.2
     app_name: str = "omni"
 
     def __post_init__(self) -> None:

@@ -19,6 +19,8 @@ from ray.cluster_utils import Cluster
 
 from sglang_omni.config import parse_overrides
 from sglang_omni.scale.builder import build
+from sglang_omni.scale.fleet_answers import UNANSWERED_FIELD
+from sglang_omni.scale.fleet_metrics import REPLICA_UP
 from sglang_omni.scale.launch import replica_stats
 from sglang_omni.scale.spec import ScaleOptions, ServerSource
 from tests.server import free_port
@@ -92,12 +94,15 @@ class Fleet:
 def deploy(cluster: RayCluster, *flags: str, replicas: int = 2, router: str = "deadline",
            retries: int | None = None, config: Path | None = SCRIPTED,
            text_only: bool = False, max_wait_s: float = 30.0,
-           max_waiting: int = 256, health_check_s: float | None = None) -> Fleet:
+           max_waiting: int = 256, health_check_s: float | None = None,
+           **load_options: Any) -> Fleet:
     """Deploy (replacing the previous application) and wait until every replica is healthy and
     its stats reach the router (one stats period after they first answer). ``health_check_s``:
-    Ray's health check period and timeout both (default: the builder's)."""
+    Ray's health check period and timeout both (default: the builder's); ``load_options``:
+    ``load_config``'s (``allowed_media_domain=[...]``, say)."""
     with_delete()
-    source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only)
+    source = ServerSource.from_file(config, parse_overrides(list(flags)), text_only=text_only,
+                                    **load_options)
     checks = {} if health_check_s is None else {"health_check_period_s": health_check_s,
                                                 "health_check_timeout_s": health_check_s}
     options = ScaleOptions(replicas=replicas, router=router, retries=retries,
@@ -128,6 +133,26 @@ def gateway_metric(fleet: Fleet, name: str, **labels: str) -> float:
                     sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+def whole_read(url: str, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    """``GET path`` of a fleet read (``/v1/videos``, ``/metrics``) until every replica answered
+    it: on a loaded machine a reply may miss the read's bound (``fleet_read_s``), and the read
+    names that replica (``unanswered_replicas``, ``sgl_omni_gateway_replica_up`` 0); then it is
+    taken again. The last answer after 30 reads either way."""
+    for _ in range(30):
+        resp = httpx.get(f"{url}{path}", params=params, timeout=60)
+        if resp.status_code != 200 or not _lacks_a_replica(resp):
+            break
+    return resp
+
+
+def _lacks_a_replica(resp: httpx.Response) -> bool:
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return bool(resp.json().get(UNANSWERED_FIELD))
+    return any(sample.name == REPLICA_UP and sample.value == 0
+               for family in text_string_to_metric_families(resp.text)
+               for sample in family.samples)
 
 
 def with_delete() -> None:

@@ -47,6 +47,8 @@ def test_configuration_errors_exit_2_before_ray(flags: list[str], message: str) 
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+@pytest.mark.timeout(600)  # its own waits (90 s ready, 60 s listed, 60 s stopped) and the
+# cluster's start when it is the worker's first fleet test (tests/scale/conftest.py)
 def test_serve_ray_joins_the_cluster_and_cleans_up(cluster) -> None:  # type: ignore[no-untyped-def]
     from ray import serve
 

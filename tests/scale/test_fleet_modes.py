@@ -22,7 +22,7 @@ pytest.importorskip("ray")
 
 from sglang_omni.scale.gateway import SESSION_LOST  # noqa: E402
 from tests.generation.test_realtime_ws import ACTION, INIT, closed_code, recv  # noqa: E402
-from tests.scale.kit import RayCluster, deploy  # noqa: E402
+from tests.scale.kit import RayCluster, deploy, whole_read  # noqa: E402
 from tests.scale.test_fleet_routes import answer  # noqa: E402
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, Server  # noqa: E402
 
@@ -126,7 +126,7 @@ def test_the_video_list_holds_every_replicas_jobs(cluster: RayCluster) -> None:
                                                      "num_frames": 3}, timeout=30)
     made.append(job.json()["id"])  # three jobs at least: more than one page of two replicas'
     for _ in range(3):  # whichever replica is asked first
-        listed = httpx.get(f"{fleet.url}/v1/videos", timeout=10)
+        listed = whole_read(fleet.url, "/v1/videos")
         assert listed.status_code == 200
         body = listed.json()
         ids = [job["id"] for job in body["data"]]
@@ -138,13 +138,13 @@ def test_the_video_list_holds_every_replicas_jobs(cluster: RayCluster) -> None:
     paged: list[str] = []
     query: dict[str, str | int] = {"limit": 1}
     while True:
-        page = httpx.get(f"{fleet.url}/v1/videos", params=query, timeout=10).json()
+        page = whole_read(fleet.url, "/v1/videos", query).json()
         paged += [job["id"] for job in page["data"]]
         if not page["has_more"]:
             break
         query["after"] = page["last_id"]
     assert paged == ids
-    asc = httpx.get(f"{fleet.url}/v1/videos", params={"order": "asc"}, timeout=10).json()
+    asc = whole_read(fleet.url, "/v1/videos", {"order": "asc"}).json()
     assert [job["id"] for job in asc["data"]] == ids[::-1]
     refused = httpx.get(f"{fleet.url}/v1/videos", params={"limit": "0"}, timeout=10)
     assert refused.status_code == 400 and "limit" in refused.json()["error"]["message"]

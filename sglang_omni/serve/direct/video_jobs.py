@@ -5,6 +5,11 @@ A finished video is held until it is deleted or :data:`VIDEO_RETENTION_S` passes
 new job is refused with 503). ``DELETE`` of a queued or running job cancels its task, which
 aborts the generation on the stage. :meth:`VideoJobs.close` (server shutdown) cancels every
 running job and waits for it to end.
+
+A job remembers the call it was made in (:data:`CALL_TAG`, set by whoever runs the app for a
+caller that may never receive the answer: a Ray Serve replica, for its gateway's fenced calls);
+:func:`drop_jobs_of` cancels and forgets the jobs of a call whose answer never left, so no job
+is held that no client knows the id of.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +32,8 @@ log = logging.getLogger("sglang_omni.serve")
 
 MAX_VIDEO_JOBS = 64
 VIDEO_RETENTION_S = 3600
+#: The call a job is made in (None: a plain server's request, whose answer is its client's).
+CALL_TAG: ContextVar[str | None] = ContextVar("sgl_omni_video_call", default=None)
 
 
 @dataclass
@@ -44,6 +53,7 @@ class VideoJob:
     inference_time_s: float | None = None
     data: bytes | None = field(default=None, repr=False)
     task: asyncio.Task | None = field(default=None, repr=False)
+    call_tag: str | None = field(default=None, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -88,6 +98,7 @@ class VideoJobs:
         #: Tasks of jobs forgotten (deleted) while running: cancelled, still ending (their
         #: generation's abort on the stage); ``close`` waits for them too.
         self._ending: set[asyncio.Task[None]] = set()
+        _owners.add(self)
 
     def expire(self) -> None:
         """Forget finished jobs older than their retention."""
@@ -107,6 +118,7 @@ class VideoJobs:
                 raise ServiceUnavailable(f"{MAX_VIDEO_JOBS} video jobs are queued or running; "
                                          "retry later")
             del self.jobs[oldest.id]
+        job.call_tag = CALL_TAG.get()
         self.jobs[job.id] = job
         job.task = asyncio.create_task(self._run(job, work), name=f"video-job-{job.id}")
 
@@ -149,3 +161,17 @@ class VideoJobs:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+_owners: weakref.WeakSet[VideoJobs] = weakref.WeakSet()
+
+
+def drop_jobs_of(call_tag: str) -> int:
+    """Cancel and forget every job made in call ``call_tag`` (its answer never reached its
+    client); how many there were."""
+    dropped = 0
+    for owner in list(_owners):
+        for job in [j for j in owner.jobs.values() if j.call_tag == call_tag]:
+            owner.pop(job.id)
+            dropped += 1
+    return dropped
