@@ -16,8 +16,8 @@ each with its default settings, and sends:
 
 For each it prints what the requests got, whether ``/health`` was ok after every one, and whether
 the stage processes are the ones it started with (no restart). The media burst and the memory
-attack are ``benchmarks/faults.py --only media-burst`` and ``benchmarks/memory_creep.py
---new-connections``.
+attack are ``benchmarks/faults.py --faults "media burst"`` and ``benchmarks/memory_creep.py
+--connections new``.
 """
 
 from __future__ import annotations
