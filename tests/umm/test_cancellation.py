@@ -9,15 +9,13 @@ lands in seconds is a figure of ``benchmarks/serve_gpu.py`` (its disconnect row)
 
 from __future__ import annotations
 
-import json
 import re
-import socket
 import time
 
 import httpx
 import pytest
 
-from tests.kit import parse_sse
+from tests.kit import leave_when, parse_sse
 from tests.server import Server
 from tests.umm.kit import counts, final, image, script, umm_server, wait_for
 
@@ -116,12 +114,8 @@ def test_a_non_streaming_client_that_leaves_aborts_the_generation(server: Server
     runs (as a client's read timeout does): the close is what ends it, the server's own
     timeout_s being an hour and the generation 40 s."""
     before = counts(server)
-    body = json.dumps(slow_body(rid="cancel-by-leaving")).encode()
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json"
-                     b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        wait_for(lambda: delta(counts(server), before, "generation", "submitted") == 1)
+    leave_when(server, "/generate", slow_body(rid="cancel-by-leaving"),
+               lambda: delta(counts(server), before, "generation", "submitted") == 1)
     wait_for(lambda: delta(counts(server), before, "generation", "aborted") == 1)
     wait_for(lambda: bool(cancelled_at(server, "cancel-by-leaving")))
     [(step, steps)] = cancelled_at(server, "cancel-by-leaving")
