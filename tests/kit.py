@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +113,20 @@ def png_size(data: bytes) -> tuple[int, int]:
 def script(*entries: object, tail: str = " go") -> str:
     """A prompt holding ``<omni-script>`` for the scripted Reasoner, then ``tail``."""
     return f"<omni-script>{json.dumps(list(entries))}</omni-script>{tail}"
+
+
+# --- clients that leave ------------------------------------------------------------------------
+def leave_when(server: Server, path: str, body: dict[str, Any], ready: Callable[[], bool],
+               timeout: float = 30) -> None:
+    """POST ``body`` (JSON) to ``path`` on a connection of its own and close it, as a client
+    that gives up, once ``ready()`` holds (say, its job counted as submitted): a client's read
+    timeout, without a clock deciding whether the request had got that far."""
+    raw = json.dumps(body).encode()
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        wait_for(ready, timeout)
 
 
 # --- polling ------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from sglang_omni.config import load_config, parse_overrides
 from sglang_omni.errors import ConfigError
 from sglang_omni.models.cosmos3 import Cosmos3UMMPipelineConfig
+from tests.kit import metric, wait_until
 from tests.server import SCRIPTED_UMM, Server
 
 LARGEST = Cosmos3UMMPipelineConfig.largest_output_bytes(17)
@@ -77,9 +77,11 @@ def test_request_beyond_max_active_gets_503(tight: Server) -> None:
         first["resp"] = httpx.post(f"{tight.url}/generate", timeout=30,
                                    json={"prompt": f"<omni-script>{slow}</omni-script>"})
 
+    turns = metric(tight, "reasoner", "submitted", default=0)
     thread = threading.Thread(target=run_first)
     thread.start()
-    time.sleep(0.5)
+    assert wait_until(lambda: metric(tight, "reasoner", "submitted", default=0) > turns), \
+        "the first request never reached its turn"  # it holds the one active slot
     second = httpx.post(f"{tight.url}/generate", json={"prompt": "hello"})
     assert second.status_code == 503
     assert "max_active" in second.json()["error"]["message"]

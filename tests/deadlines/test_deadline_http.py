@@ -41,6 +41,11 @@ def measure(server: Server, first_turn_delay: float = 0.0) -> None:
     assert resp.status_code == 200, resp.text
 
 
+def plan(server: Server) -> list[dict[str, Any]]:
+    """The requests ``/v1/queue`` has planned."""
+    return httpx.get(f"{server.url}/v1/queue", timeout=10).json()["plan"]
+
+
 def aborted(server: Server) -> float:
     return metric(server, "generation", "aborted")
 
@@ -58,7 +63,8 @@ def test_refused_when_an_idle_server_would_plan_more() -> None:
                        {"action": "final", "text": "done"})
         thread = threading.Thread(target=lambda: busy.update(resp=generate(server, eight)))
         thread.start()
-        time.sleep(0.5)  # the busy request holds ~7.5 s of planned generations
+        # the busy request is admitted, holding ~7.5 s of planned generations
+        assert wait_until(lambda: len(plan(server)) == 1, timeout=30), plan(server)
         refused = generate(server, "hello")
         assert refused.status_code == 503, refused.text
         assert "retry later" in refused.json()["error"]["message"]
@@ -87,14 +93,12 @@ def test_fail_fast_503_cancels_the_generation() -> None:
     with planned_server(12) as server:
         measure(server, first_turn_delay=3)  # Reasoner turn measured at ~3 s
         before = aborted(server)
-        start = time.monotonic()
         resp = generate(server, script({"action": "image", "prompt": "!sleep=30 stuck"},
                                        {"action": "final", "text": "never"}))
-        took = time.monotonic() - start
+        # 503 "retry later" as the plan broke, not the 504 of timeout_s (12 s) ending it
         assert resp.status_code == 503, resp.text
         message = resp.json()["error"]["message"]
-        assert "retry later" in message
-        assert took < 11.5  # before timeout_s (12 s) would have ended it
+        assert "retry later" in message, message
         assert refusals(server, "deadline") == 1 and refusals(server, "plan") == 0
         wait_until(lambda: aborted(server) >= before + 1, timeout=5)
         assert aborted(server) == before + 1
@@ -137,7 +141,7 @@ def test_steps_beyond_what_fits_are_refused_up_front_not_timed_out() -> None:
     the stage until its deadline and ending with 504."""
     with planned_server(12) as server:
         measure(server)
-        start = time.monotonic()
+        submitted = metric(server, "generation", "submitted")
         image = script({"action": "image", "prompt": "many steps"}, {"action": "final",
                                                                       "text": "never"})
         resp = httpx.post(f"{server.url}/generate", timeout=60, json={
@@ -146,8 +150,9 @@ def test_steps_beyond_what_fits_are_refused_up_front_not_timed_out() -> None:
         assert resp.status_code == 503, resp.text
         message = resp.json()["error"]["message"]
         assert "100 denoising steps" in message and "fewer num_inference_steps" in message
-        assert time.monotonic() - start < 5
         assert refusals(server, "plan") == 1
+        # up front: the generation stage never saw it
+        assert metric(server, "generation", "submitted") == submitted
         # 12 steps (3 s) fit: planned at 3 s, run and answered
         resp = httpx.post(f"{server.url}/generate", timeout=60, json={
             "prompt": image.replace("never", "ok"),

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import io
 import json
+import logging
 import time
 
 import httpx
@@ -146,24 +147,41 @@ def test_generator_fault_directives(directive: str, check) -> None:  # noqa: ANN
     assert check(result)
 
 
-def test_generator_steps_take_step_time_and_cancel_between_steps() -> None:
+def test_generator_steps_take_step_time_and_cancel_within_a_step(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Steps take step_time_s; a cancel lands inside the step in progress, not after it: once
+    two steps are done the steps become an hour long, and the cancel still ends the job (the
+    log naming the step it stopped at), with no further step reported."""
     gen = ScriptedGenerator(spec("generation", step_time_s=0.2))
 
     async def scenario() -> tuple[float, list[dict]]:
         chunks: list[dict] = []
+        two_done = asyncio.Event()
+
+        def emit(chunk: dict) -> None:
+            chunks.append(chunk)
+            if chunk["step"] == 2:
+                gen.step_time_s = 3600.0
+                two_done.set()
+
         job = Job("r", {"modality": "image", "prompt": "p",
                         "options": {"num_inference_steps": 10, "width": 16, "height": 16}},
-                  [], emit=chunks.append)
+                  [], emit=emit)
+        started = time.monotonic()
         task = asyncio.create_task(gen.run(job))
-        await asyncio.sleep(0.5)
-        cancelled_at = time.monotonic()
+        await two_done.wait()
+        two_steps = time.monotonic() - started
+        await asyncio.sleep(0)  # the third step has begun
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
-        return time.monotonic() - cancelled_at, chunks
+            await asyncio.wait_for(task, 60)  # a safety net: an uncancelled step is an hour
+        return two_steps, chunks
 
-    took, chunks = asyncio.run(scenario())
-    assert took < 0.2 and len(chunks) == 2
+    with caplog.at_level(logging.INFO):
+        two_steps, chunks = asyncio.run(scenario())
+    assert two_steps >= 0.4  # two steps of 0.2 s
+    assert [c["step"] for c in chunks] == [1, 2]
+    assert "request r: generation cancelled at step 2 of 10" in caplog.text
 
 
 def test_sleep_directive() -> None:

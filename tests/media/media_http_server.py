@@ -11,6 +11,7 @@ import functools
 import gzip
 import io
 import random
+import select
 import socket
 import threading
 import time
@@ -74,6 +75,10 @@ class ServerState:
     endless_done: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: How each slow answer (stall, trickle, slowloris) ended, by path: ``"hung up"`` when the
+    #: client closed the connection before the host was done, else ``"finished"``. A fetch cut
+    #: off by its own timeout or deadline shows here as a hang-up, with no clock in the test.
+    ended: dict[str, str] = field(default_factory=dict)
 
     def paths(self) -> list[str]:
         with self.lock:
@@ -84,6 +89,11 @@ class ServerState:
             self.requests.clear()
             self.endless_sent = 0
             self.endless_done.clear()
+            self.ended.clear()
+
+    def end(self, path: str, how: str) -> None:
+        with self.lock:
+            self.ended[path] = how
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -125,14 +135,15 @@ class Handler(BaseHTTPRequestHandler):
         elif route == "/unavailable":
             self._send(503, b"later")
         elif route == "/stall-headers":
-            state.stop.wait(5)
+            self._hold(5)
         elif route == "/stall-body":
             self.send_response(200)
             self.send_header("Content-Type", "video/mp4")
             self.send_header("Content-Length", "100000")
             self.end_headers()
             self.wfile.write(b"\0" * 100)
-            state.stop.wait(5)
+            self.wfile.flush()
+            self._hold(5)
         elif route == "/trickle":
             self.send_response(200)
             self.end_headers()
@@ -140,9 +151,12 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 while not state.stop.is_set() and time.monotonic() < deadline:
                     self.wfile.write(b"x")
+                    self.wfile.flush()
                     time.sleep(0.05)
             except OSError:
-                pass
+                state.end(self.path, "hung up")
+            else:
+                state.end(self.path, "finished")
         elif route == "/slowloris":
             self._slowloris()
         elif route == "/endless":
@@ -166,6 +180,23 @@ class Handler(BaseHTTPRequestHandler):
             self._unsized(PNG + bytes(BIG - len(PNG)), {"Content-Type": "image/png"})
         else:
             self._send(404)
+
+    def _hold(self, seconds: float) -> None:
+        """Send nothing more for up to ``seconds``, or until the client hangs up (recorded in
+        :attr:`ServerState.ended`)."""
+        deadline = time.monotonic() + seconds
+        while not self.state.stop.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select([self.connection], [], [], 0.05)
+            if readable:
+                try:
+                    gone = self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    self.state.end(self.path, "hung up")
+                    return
+                time.sleep(0.05)  # a client that sent more: not a hang-up
+        self.state.end(self.path, "finished")
 
     def _unsized(self, body: bytes, headers: dict[str, str]) -> None:
         """``body`` with no Content-Length (read until the connection closes), 64 KiB at a time
@@ -196,7 +227,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(0.2)
         except OSError:
-            pass
+            self.state.end(self.path, "hung up")
+        else:
+            self.state.end(self.path, "finished")
 
     def _endless(self) -> None:
         state = self.state

@@ -11,7 +11,6 @@ tests/deadlines, ``stage_down`` in tests/startup, restarts counted up in tests/s
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,7 +99,9 @@ def scrapes(media_host: MediaServer) -> dict[str, Scrape]:
         slow = {"messages": [{"role": "user", "content": script(final("ok", delay_s=2))}]}
         held = [in_background(lambda: HTTP.post(f"{chat.url}/v1/chat/completions", json=slow))
                 for _ in range(2)]
-        time.sleep(0.5)
+        # both are on the stage, one running and one in its queue
+        assert wait_until(lambda: Scrape(chat).value("sgl_omni_stage_jobs_total",
+                                                     stage="reasoner", outcome="submitted") == 2)
         assert HTTP.post(f"{chat.url}/v1/chat/completions", json=slow).status_code == 503
         for thread in held:
             thread.join(30)

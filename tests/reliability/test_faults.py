@@ -1,11 +1,13 @@
 """Stage faults with requests in flight: ``kill -9`` (as the OOM killer does) and ``SIGSTOP``
 (a frozen stage) of each stage of the interleaved, text-only chat and direct generation
-servers. Each in-flight request ends within 2 s (plus the stall time for SIGSTOP) with a clear
+servers. Each in-flight request (each would hold its stage for a minute) ends with a clear
 error naming the stage, the server's log and ``sgl_omni_stage_failed_requests_total`` count every
-request the fault failed (those waiting for the stage too), every request's state is released
+request the fault failed as the stage went (those waiting for the stage too: failed at the
+exit, not by a later timeout), every request's state is released
 (``sgl_omni_request_states`` back to 0), the stage restarts (``/health``
 back to 200 "ok" with a new pid), the next request succeeds, no temp file is left, and after a
-graceful stop no process is left.
+graceful stop no process is left. How fast, in seconds, is ``benchmarks/faults.py``'s figure;
+nothing here reads a clock but for safety nets far below the minute the requests hold.
 
 The servers run with quick supervision: a 0.2 s heartbeat, a 1 s stall time, a 0.2 s restart
 backoff and room for 10 restarts.
@@ -24,7 +26,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kit import no_request_states
+from tests.kit import job_counts, no_request_states, wait_until
 from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
 from tests.reliability.kit import (
     TrackedServer,
@@ -35,8 +37,10 @@ from tests.reliability.kit import (
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM
 
 STALL_S = 1.0
-END_WITHIN_S = 2.0  # after the kill; after the stall time for SIGSTOP
-RESTART_WITHIN_S = 20.0
+#: Safety nets, not figures: a request not answered this long after the fault (it holds its
+#: stage for 60 s), a stage not back this long after it.
+ANSWERED_WITHIN_S = 30.0
+RESTART_WITHIN_S = 60.0
 
 
 def supervision(*stages: str) -> list[str]:
@@ -68,11 +72,10 @@ def direct_faults() -> Iterator[TrackedServer]:
 
 
 # --- in-flight requests ----------------------------------------------------------------------
-def problem(request: InFlight, stage: str, signalled: float, bound: float) -> str | None:
-    """None if ``request`` ended in time with a clear error naming ``stage``."""
-    if request.ended is None or request.ended - signalled > bound:
-        took = "never" if request.ended is None else f"{request.ended - signalled:.2f} s"
-        return f"{request.label}: did not end within {bound:g} s (ended: {took})"
+def problem(request: InFlight, stage: str) -> str | None:
+    """None if ``request`` ended with a clear error naming ``stage``."""
+    if request.ended is None:
+        return f"{request.label}: not answered {ANSWERED_WITHIN_S:g} s after the fault"
     error, wrong = request.error((500, 503))
     if error is None:
         return wrong
@@ -103,14 +106,14 @@ def start_video_job(server: TrackedServer) -> str:
     return resp.json()["id"]
 
 
-def video_job_problem(server: TrackedServer, video_id: str, stage: str, signalled: float,
-                      bound: float) -> str | None:
+def video_job_problem(server: TrackedServer, video_id: str, stage: str, signalled: float
+                      ) -> str | None:
     while True:
         job = httpx.get(f"{server.url}/v1/videos/{video_id}", timeout=5).json()
         if job["status"] == "failed":
             break
-        if time.monotonic() - signalled > bound:
-            return f"video job still {job['status']} {bound:g} s after the fault"
+        if time.monotonic() - signalled > ANSWERED_WITHIN_S:
+            return f"video job still {job['status']} {ANSWERED_WITHIN_S:g} s after the fault"
         time.sleep(0.05)
     if stage not in str(job["error"]).lower():
         return f"the video job's error does not name the {stage} stage: {job['error']!r}"
@@ -173,12 +176,36 @@ def counted_problem(server: TrackedServer, stage: str, before: float, log_from: 
     return None
 
 
+def at_their_stages(kind: str, stage: str, server: TrackedServer,
+                    before: dict[tuple[str, str], float]) -> bool:
+    """Whether every request of :func:`in_flight` (or the video job) holds its stage: each
+    Reasoner turn started, and on the interleaved server the held generations are running or
+    queued for the stage (``/v1/queue``), so that the fault fails each of them."""
+    now = job_counts(server.server)
+
+    def started(name: str) -> float:
+        return now.get((name, "submitted"), 0) - before.get((name, "submitted"), 0)
+
+    if kind == "direct":
+        return started("generation") == 1
+    if kind == "chat":
+        return started("reasoner") == 2
+    held_in_reasoner = 3 if stage == "reasoner" else 0
+    phases = Counter(p["phase"] for p in httpx.get(f"{server.url}/v1/queue", timeout=10)
+                     .json()["plan"])
+    return started("reasoner") == 3 + held_in_reasoner and started("generation") >= 1 \
+        and phases["generating"] + phases["queued"] == 3 \
+        and phases["reasoning"] == held_in_reasoner
+
+
 def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> None:
     baseline = server.temp_files()
     requests = in_flight(kind, stage) if kind != "direct" else []
+    before = job_counts(server.server)
     threads = [r.start(server.url) for r in requests]
     video_id = start_video_job(server) if kind == "direct" else None
-    time.sleep(1.0)  # every request reached its stage
+    reached = wait_until(lambda: at_their_stages(kind, stage, server, before), timeout=60)
+    assert reached, f"the requests never all reached their stages: {job_counts(server.server)}"
     assert all(r.ended is None for r in requests), [(r.label, r.status, r.text[:200])
                                                      for r in requests if r.ended is not None]
     pid = server.server.stage_pid(stage)
@@ -187,12 +214,11 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
     log_from = len(server.server.log())
     signalled = time.monotonic()
     os.kill(pid, sig)
-    bound = END_WITHIN_S + (STALL_S if sig == signal.SIGSTOP else 0)
     for thread in threads:  # they are left running (daemons) if they do not end
-        thread.join(max(0.0, signalled + bound + 2 - time.monotonic()))
-    problems = [p for r in requests if (p := problem(r, stage, signalled, bound)) is not None]
+        thread.join(max(0.0, signalled + ANSWERED_WITHIN_S - time.monotonic()))
+    problems = [p for r in requests if (p := problem(r, stage)) is not None]
     if video_id is not None:
-        job = video_job_problem(server, video_id, stage, signalled, bound)
+        job = video_job_problem(server, video_id, stage, signalled)
         if job is not None:
             problems.append(job)
     restarted = wait_restarted(server, stage, pid)

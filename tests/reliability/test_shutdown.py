@@ -3,7 +3,9 @@ period the server ends every request still running itself, with 503 "the server 
 down": a stream with its error event and ``[DONE]``, a non-streaming request with the JSON error
 body and ``Retry-After``; a request whose handling starts during the drain gets the same 503.
 The request log counts them as 503 (not 499), nothing is cancelled by uvicorn, the server exits
-(by the signal, as uvicorn ends) within its bound and leaves no process behind.
+by itself (by the signal, as uvicorn ends) and leaves no process behind. No clock judges it: the
+requests held back are released once the server's log says the drain began, and the exit is
+waited for with a safety net only.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import time
 import httpx
 import pytest
 
-from tests.kit import wait_for
+from tests.kit import wait_for, wait_until
 from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
 from tests.reliability.kit import TrackedServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM
 
 GRACE_S = 1.0
-#: From SIGTERM to the server's exit: the grace, ending the requests, stopping the stages.
-EXIT_WITHIN_S = GRACE_S + 8.0
+#: A safety net for the server's exit after SIGTERM (the grace, ending the requests, stopping
+#: the stages: a few seconds), not a figure.
+EXIT_WITHIN_S = 60.0
+DRAINING = "shutting down: new requests get 503"
 SHUTTING_DOWN = "the server is shutting down"
 ACTIVE_RE = re.compile(r"^sgl_omni_active_requests (\S+)$", re.M)
 
@@ -85,11 +89,15 @@ def test_sigterm_ends_in_flight_requests_with_503(kind: str) -> None:
         threads = [r.start(srv.url, release) for r in requests]
         wait_for(lambda: active_requests(srv) >= len(requests), timeout=15)
         time.sleep(0.5)  # every request reached its stage (or its queue)
-        releaser = threading.Timer(0.3, release.set)  # once the drain began
-        signalled = time.monotonic()
+        log_from = len(srv.server.log())
+
+        def release_once_draining() -> None:
+            wait_until(lambda: DRAINING in srv.server.log()[log_from:], timeout=EXIT_WITHIN_S)
+            release.set()
+
+        releaser = threading.Thread(target=release_once_draining, daemon=True)
         releaser.start()
-        orphans = srv.graceful_stop(timeout=EXIT_WITHIN_S + 5)
-        exited = time.monotonic() - signalled
+        orphans = srv.graceful_stop(timeout=EXIT_WITHIN_S)
         for thread in threads:
             thread.join(10)
         log = srv.server.log()
@@ -97,7 +105,6 @@ def test_sigterm_ends_in_flight_requests_with_503(kind: str) -> None:
         assert not problems, "\n".join(problems) + "\n" + log[-3000:]
         # uvicorn raises the signal again once it stopped, as before the drain existed
         assert srv.server.proc.returncode == -signal.SIGTERM, log[-3000:]
-        assert exited < EXIT_WITHIN_S, f"exited {exited:.1f} s after SIGTERM"
         assert orphans == [], f"processes left: {orphans}"
         for bad in ("Exception in ASGI application", "CancelledError", "status=499",
                     "timeout graceful shutdown exceeded"):

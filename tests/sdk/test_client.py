@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -78,6 +77,7 @@ def test_errors_raise_with_status(server: Server) -> None:
 
 def test_closing_iterator_early_aborts_generation(server: Server) -> None:
     before = metric(server, "generation", "aborted")
+    submitted = metric(server, "generation", "submitted", default=0)
     with Client(server.url) as client:
         chunks = client.generate(
             script({"action": "image", "prompt": "first"},
@@ -86,9 +86,10 @@ def test_closing_iterator_early_aborts_generation(server: Server) -> None:
             stream=True, stage_params=SMALL)
         first = next(chunks)
         assert first.segment.kind == "image"
-        time.sleep(0.3)  # the second generation is running now
+        # the second generation is running now
+        assert wait_until(lambda: metric(server, "generation", "submitted") >= submitted + 2)
         chunks.close()
-        wait_until(lambda: metric(server, "generation", "aborted") >= before + 1, timeout=5)
+        wait_until(lambda: metric(server, "generation", "aborted") >= before + 1, timeout=10)
     assert metric(server, "generation", "aborted") == before + 1
 
 

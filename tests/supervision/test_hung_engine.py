@@ -7,13 +7,11 @@ aborted job the stage never ends still counts as held."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
+from tests.kit import wait_until
 from tests.server import SCRIPTED_UMM, Server
 from tests.supervision.kit import (
-    ENDS_WITHIN_S,
     InFlight,
     health,
     process_tree,
@@ -46,9 +44,7 @@ def test_hung_generation_fails_its_request_and_restarts() -> None:
         old_pid = server.stage_pid("generation")
         flight = InFlight(lambda: generate(server, "!sleep=60 hung"))
         wait_jobs(server, "generation", 1)
-        submitted = time.monotonic()
-        resp = flight.wait()
-        assert flight.ended - submitted < PROGRESS_S + ENDS_WITHIN_S
+        resp = flight.wait()  # before the 60 s the job holds: the progress timeout ended it
         assert resp.status_code == 500, resp.text
         message = resp.json()["error"]["message"]
         assert "generation stage made no progress" in message, message
@@ -91,9 +87,7 @@ def test_an_aborted_job_the_stage_never_ends_is_still_caught() -> None:
         flight.wait()
         body = wait_health(server, "ok", timeout=PROGRESS_S + 30)
         if body["stages"]["generation"]["restarts"] == 0:  # not yet noticed: wait for it
-            deadline = time.monotonic() + PROGRESS_S + ENDS_WITHIN_S
-            while restarts(server, "generation") == 0 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: restarts(server, "generation") > 0, timeout=PROGRESS_S + 30)
             wait_health(server, "ok")
         assert restarts(server, "generation") == 1
         assert "no progress on its 1 job(s)" in server.log()

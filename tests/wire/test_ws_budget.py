@@ -85,6 +85,11 @@ def test_a_frame_being_received_counts_beside_request_bodies(server: Server) -> 
     assert post_raw(f"{server.url}{IMAGES}", refused_prompt(1_000_000)).status_code == 400
 
 
+def submitted(server: Server) -> float:
+    return Scrape(server).value("sgl_omni_stage_jobs_total", stage="generation",
+                                outcome="submitted")
+
+
 def test_action_requests_sent_ahead_count_while_they_wait(server: Server) -> None:
     upload = connect(server.url)  # a request body of 1.5 MB being read
     upload.sendall(f"POST {IMAGES} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
@@ -96,8 +101,10 @@ def test_action_requests_sent_ahead_count_while_they_wait(server: Server) -> Non
             conn.recv(timeout=10)  # the metadata
             slow = {"input": {"task": "!sleep=20 hold"},
                     "parameters": {"domain_name": "droid_lerobot"}}
+            jobs = submitted(server)
             conn.send(msgpack.packb(slow))
-            time.sleep(0.5)  # the generation runs; the next requests wait in the session
+            # the generation runs; the next requests wait in the session
+            assert wait_until(lambda: submitted(server) > jobs, 10)
             ahead = msgpack.packb({"pad": b"\0" * 900_000})
             with pytest.raises(ConnectionClosed) as closed:
                 for _ in range(3):  # 1.5 MB + 0.9 MB fits; 1.5 MB + 1.8 MB does not
