@@ -280,6 +280,7 @@ class Channel:
                 continue
             out[done:done + len(data)] = data
             done += len(data)
+            del data  # not held while the next window decodes
         if not valid:
             header["wire_error"] = "a base64 frame of the message is not strict base64"
             return bytearray()

@@ -202,8 +202,10 @@ def test_the_stage_holds_a_base64_frame_as_its_bytes_never_as_text() -> None:
         ours.close()
         theirs.close()
     assert received == data
-    # the bytes (3/4 of the text) and a window or two: the text never arrives whole
-    assert peak < len(data) + 4 * MiB, f"peak {peak / text_size:.2f}x the text"
+    # the bytes (3/4 of the text) and windows: the receiver's window and its decoded piece, the
+    # sender's slice of text and its ASCII copy (both threads are traced: whether their windows
+    # peak at once is up to the scheduler), about 4 MiB; the text arriving whole would add 16
+    assert peak < len(data) + 6 * MiB, f"peak {peak / text_size:.2f}x the text"
 
 
 def test_the_server_end_sends_base64_frames_as_text_and_the_stage_decodes_them() -> None:
