@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_gpu import README_PROMPT, child_env, health, write_config  # noqa: E402
+from serve_gpu import (  # noqa: E402
+    README_PROMPT,
+    child_env,
+    health,
+    wait_stages_quiet,
+    write_config,
+)
 from serve_kit import REPO, LogTail, Server, http_client, sse_request  # noqa: E402
 
 #: The request's log line (``sglang_omni.access``): its status and timeline.
@@ -177,24 +183,7 @@ class Load:
     def wait_quiet(self, timeout: float = 300) -> None:
         """Until no stage job is in flight (``/metrics``), so one round does not overlap the
         next."""
-        import httpx
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                text = httpx.get(f"{self.server.url}/metrics", timeout=5).text
-            except httpx.HTTPError:
-                return
-            counts: dict[str, float] = {}
-            for m in re.finditer(r"^sgl_omni_stage_jobs(?:_total)?\{([^}]*)\} (\S+)$", text,
-                                 re.MULTILINE):
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-                sign = 1.0 if labels.get("outcome") == "submitted" else -1.0
-                stage = labels.get("stage", "")
-                counts[stage] = counts.get(stage, 0.0) + sign * float(m.group(2))
-            if all(v <= 0 for v in counts.values()):
-                return
-            time.sleep(0.1)
+        wait_stages_quiet(self.server.url, timeout, jobs_seen=False)
 
 
 def gpu_names() -> list[str]:

@@ -92,6 +92,30 @@ def write_config(path: Path, checkpoint: Path, placement: str) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+
+def wait_stages_quiet(url: str, timeout: float, jobs_seen: bool) -> None:
+    """Until no stage job is in flight at the server ``url`` (``/metrics``: submitted =
+    completed + failed + aborted + dropped on every stage), or ``timeout`` seconds; with
+    ``jobs_seen``, not before some stage job is counted. Returns at once if the server is gone."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return
+        counts: dict[str, float] = {}
+        for m in re.finditer(r"^sgl_omni_stage_jobs(?:_total)?\{([^}]*)\} (\S+)$", text,
+                             re.MULTILINE):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            sign = 1.0 if labels.get("outcome") == "submitted" else -1.0
+            stage = labels.get("stage", "")
+            counts[stage] = counts.get(stage, 0.0) + sign * float(m.group(2))
+        if (counts or not jobs_seen) and all(v <= 0 for v in counts.values()):
+            return
+        time.sleep(0.1)
+
 class Bench:
     """One server, its log and the measurements of each request."""
 
@@ -239,24 +263,7 @@ class Bench:
     def wait_quiet(self, rid: str, start: int, timeout: float = 120) -> None:
         """Until no stage job is in flight (``/metrics``: submitted = completed + failed +
         aborted + dropped on every stage), so an aborted request does not overlap the next."""
-        import httpx
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                text = httpx.get(f"{self.server.url}/metrics", timeout=5).text
-            except httpx.HTTPError:
-                return
-            counts: dict[str, float] = {}
-            for m in re.finditer(r"^sgl_omni_stage_jobs(?:_total)?\{([^}]*)\} (\S+)$", text,
-                                 re.MULTILINE):
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-                sign = 1.0 if labels.get("outcome") == "submitted" else -1.0
-                stage = labels.get("stage", "")
-                counts[stage] = counts.get(stage, 0.0) + sign * float(m.group(2))
-            if counts and all(v <= 0 for v in counts.values()):
-                return
-            time.sleep(0.1)
+        wait_stages_quiet(self.server.url, timeout, jobs_seen=True)
 
     def video(self) -> dict[str, Any]:
         options = {**self.generation_options(True), "seed": 7,
