@@ -15,14 +15,17 @@ when keeping its bytes would take the paused jobs past ``budget_bytes``, or when
 (an interleaved request's admission by the deadline planner; a direct image, video or action
 request's when its route called the stage), ties broken by arrival at the stage.
 
-A waiting job (to begin, or paused) calls its ``progress`` every :data:`WAIT_PROGRESS_S`, so it
-is never taken for hung, and stops waiting once its ``cancelled`` event is set or its task is
-cancelled; its kept bytes are then no longer counted.
+A waiting job (to begin, or paused) reports no progress of its own: the stage is judged by the
+job holding the GPU, so a hung holder is found however many jobs wait behind it (a waiting job
+that reported progress would hide it). It checks every :data:`WAIT_POLL_S` whether its
+``cancelled`` event is set, and stops waiting then or when its task is cancelled; its kept bytes
+are then no longer counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -31,8 +34,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("sglang_omni.stage")
 
-#: How often a waiting job reports progress (and checks whether it was cancelled).
-WAIT_PROGRESS_S = 0.25
+#: How often a waiting job checks whether it was cancelled.
+WAIT_POLL_S = 0.25
 #: The most jobs paused at once (a third, even older request pauses the second, and so on).
 MAX_PAUSED = 3
 
@@ -185,8 +188,7 @@ class GpuTurns:
                 if turn.cancelled.is_set():
                     self._leave_locked(turn)
                     return
-                self._cond.wait(WAIT_PROGRESS_S)
-                turn.progress()
+                self._cond.wait(WAIT_POLL_S)
 
     async def wait_async(self, turn: Turn, kept: int) -> bool:
         """Wait on the event loop until ``turn`` holds the GPU; a job not begun yet (``kept``
@@ -212,10 +214,8 @@ class GpuTurns:
                 waited = True
                 if turn.cancelled.is_set():
                     raise asyncio.CancelledError()
-                try:
-                    await asyncio.wait_for(woken.wait(), WAIT_PROGRESS_S)
-                except TimeoutError:
-                    turn.progress()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), WAIT_POLL_S)
                 woken.clear()
         except BaseException:
             self.leave(turn)
