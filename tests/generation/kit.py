@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from sglang_omni.engines.synth_media import encode_png, frame_pixels
 from tests import kit
 from tests.kit import error_of as error_of  # shared helpers, re-exported for the generation tests
 from tests.kit import png_size as png_size
@@ -14,6 +16,8 @@ from tests.kit import wait_for as wait_for
 from tests.server import SCRIPTED_GENERATION, Server
 
 HTTP = httpx.Client(timeout=60)
+#: A small valid PNG the direct route tests send inline, upload and serve as a local file.
+CAT_PNG = encode_png(frame_pixels("cat", 0, 8, 8, 0))
 FAKE_DRIVER = "tests.generation.fake_diffusion:FakeDiffusion"
 
 
@@ -50,3 +54,10 @@ def native_server(log_dir: Path, output_dir: Path, *flags: str, env: dict[str, s
                        "FAKE_DIFFUSION_LOG": str(log_dir), "SGLANG_PLUGINS": "",
                        **(env or {})},
                   wait_ready=wait_ready)
+
+
+def cat_media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh media root holding ``cat.png`` (:data:`CAT_PNG`), for ``--server.media_roots``."""
+    root = tmp_path_factory.mktemp("media")
+    (root / "cat.png").write_bytes(CAT_PNG)
+    return root

@@ -20,11 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from sglang_omni.engines.synth_media import encode_png, frame_pixels
-from tests.generation.kit import HTTP, error_of, metric, scripted_server, wait_for
+from tests.generation.kit import (
+    CAT_PNG,
+    HTTP,
+    cat_media_root,
+    error_of,
+    metric,
+    scripted_server,
+    wait_for,
+)
 from tests.server import Server
 
-PNG = encode_png(frame_pixels("cat", 0, 8, 8, 0))
+PNG = CAT_PNG
 RESERVED = 4096
 BUDGET = 6000
 DROID = {"domain_name": "droid_lerobot", "raw_action_dim": 8}
@@ -32,9 +39,7 @@ DROID = {"domain_name": "droid_lerobot", "raw_action_dim": 8}
 
 @pytest.fixture(scope="module")
 def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("media")
-    (root / "cat.png").write_bytes(PNG)
-    return root
+    return cat_media_root(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from sglang_omni.engines.synth_media import (
 from sglang_omni.media.encode import VideoEncoding
 from tests.generation.kit import (
     HTTP,
+    cat_media_root,
     error_of,
     metric,
     png_size,
@@ -33,9 +34,7 @@ from tests.supervision.kit import failed_at_exit
 
 @pytest.fixture(scope="module")
 def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("media")
-    (root / "cat.png").write_bytes(encode_png(frame_pixels("cat", 0, 8, 8, 0)))
-    return root
+    return cat_media_root(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -14,19 +14,26 @@ import pytest
 
 from sglang_omni.engines.synth_media import decode_mp4_frames, encode_png, frame_pixels
 from sglang_omni.media.encode import encode_mp4
-from tests.generation.kit import HTTP, error_of, metric, png_size, scripted_server, wait_video
+from tests.generation.kit import (
+    CAT_PNG,
+    HTTP,
+    cat_media_root,
+    error_of,
+    metric,
+    png_size,
+    scripted_server,
+    wait_video,
+)
 from tests.server import Server
 
-PNG = encode_png(frame_pixels("cat", 0, 8, 8, 0))
+PNG = CAT_PNG
 DROID = {"domain_name": "droid_lerobot", "raw_action_dim": 8}
 MSGPACK = {"content-type": "application/msgpack"}
 
 
 @pytest.fixture(scope="module")
 def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("media")
-    (root / "cat.png").write_bytes(PNG)
-    return root
+    return cat_media_root(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
