@@ -4,6 +4,7 @@ routing stats read from its actor. Imports Ray: use from tests that need the clu
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,9 @@ NODE_GPUS = 2
 #: Both stages on (simulated) GPUs: each replica asks Ray for two, so one fits a node.
 ON_GPUS = ("--generation.gpu", "0", "--reasoner.gpu", "1")
 DEPLOY_TIMEOUT_S = 90.0
+#: Seconds Serve's controller waits for its proxy's ready and health checks (Ray's default: 5
+#: and 10 s, which a loaded machine's proxy can miss at its start).
+PROXY_CHECK_S = 60.0
 
 
 @dataclass
@@ -48,7 +52,14 @@ class RayCluster:
 
 @contextmanager
 def ray_cluster() -> Iterator[RayCluster]:
-    """Two nodes (head and one more), Serve's proxy on a free port of 127.0.0.1."""
+    """Two nodes (head and one more), Serve's proxy on a free port of 127.0.0.1.
+
+    Serve's controller gives a starting proxy 5 s to say it is ready, then kills it as
+    unhealthy; ``serve.start`` then fails with the proxy's ActorDiedError. On a loaded two-core
+    machine a proxy's start takes longer, so the cluster's processes (they inherit this
+    environment) get :data:`PROXY_CHECK_S` for that check and for the proxy's health checks."""
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, str(PROXY_CHECK_S))
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": NODE_CPUS, "num_gpus": NODE_GPUS})
     try:

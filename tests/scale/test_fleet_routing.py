@@ -46,11 +46,13 @@ def hold(fleet: Fleet, prompt: str) -> threading.Thread:
 def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayCluster) -> None:
     fleet = deploy(cluster, *PLANNED)
     # Both replicas measure a generation (two at once: the router spreads them).
-    warm = [threading.Thread(target=generate, args=(fleet,)) for _ in range(2)]
+    warmed: list[int] = []
+    warm = [threading.Thread(target=lambda: warmed.append(generate(fleet))) for _ in range(2)]
     for t in warm:
         t.start()
     for t in warm:
         t.join()
+    assert warmed == [200, 200], (warmed, fleet.stats())
     stats = fleet.wait(lambda s: all(r["quote"]["generation_s"] for r in s) and s,
                        what="both replicas measured a generation")
     busy_long = hold(fleet, script(*[{"action": "image", "prompt": f"p{i}"} for i in range(3)],
@@ -61,8 +63,10 @@ def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayClu
     answers = [httpx.post(f"{fleet.url}/generate", json={"prompt": ONE_IMAGE,
                                                          "stage_params": GEN}, timeout=60)
                for _ in range(4)]  # each while the long request runs
-    assert [a.status_code for a in answers] == [200] * 4, \
-        ([a.text for a in answers if a.status_code != 200], fleet.stats())
+    if [a.status_code for a in answers] != [200] * 4:  # the whole story, not truncated
+        pytest.fail(f"answers {[a.status_code for a in answers]}: "
+                    f"{[a.text for a in answers if a.status_code != 200]}; "
+                    f"stats when they ended: {fleet.stats()}", pytrace=False)
     assert refusals(fleet) == before, "a request was sent to the replica whose plan refuses it"
     busy_long.join()
     assert len(stats) == 2
