@@ -72,6 +72,7 @@ from sglang_omni.contract.actions import (
     action_prompt,
     plan_action,
 )
+from sglang_omni.contract.encoding_settings import video_encoding
 from sglang_omni.contract.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -88,7 +89,6 @@ from sglang_omni.contract.payloads import (
     ReasonerResult,
 )
 from sglang_omni.contract.result import StageResult
-from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.engines.synth_media import frame_pixels
