@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sglang_omni.config.model_imports import import_model_package
+from sglang_omni.config.model_protocols import DecisionRenderer, ModelProtocol
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import ConfigError
 
@@ -163,10 +164,10 @@ class PipelineConfig:
 
     stage_specs: ClassVar[tuple[StageSpec, ...]] = ()
     mode: ClassVar[str] = ""
-    #: The model this pipeline serves: a ``contract.model.ServedModel`` (its generation limits,
-    #: defaults and action handling), which the HTTP layer asks instead of importing the model
-    #: package; None: the generic defaults.
-    model: ClassVar[Any] = None
+    #: The model this pipeline serves (:class:`~.model_protocols.ModelProtocol`: in practice a
+    #: ``contract.model.ServedModel``, with its generation limits, defaults and action handling),
+    #: which the HTTP layer asks instead of importing the model package; None: the generic one.
+    model: ClassVar[ModelProtocol | None] = None
     #: The pipeline ``--text-only`` selects (the first registered one that says so).
     text_only: ClassVar[bool] = False
 
@@ -179,9 +180,10 @@ class PipelineConfig:
         """Cross-field checks of a resolved config; raise ConfigError naming key and fix."""
 
     @classmethod
-    def umm_adapter(cls) -> str | None:
-        """The pipeline's UMM adapter as an import string "module:Class", which its stage
-        engines get at start-up (``EngineSpec.umm_adapter``); None when it has none."""
+    def umm_adapter(cls) -> DecisionRenderer | None:
+        """The pipeline's UMM adapter class, whose decision format its stage engines write
+        (:class:`~.model_protocols.DecisionRenderer`; given at start-up as
+        ``EngineSpec.umm_adapter``); None when it has none."""
         return None
 
 
