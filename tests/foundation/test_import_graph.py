@@ -319,3 +319,13 @@ def test_model_entry_points_point_into_models() -> None:
     assert declared == {BUILT_IN.name: BUILT_IN.value}
     for value in declared.values():
         assert package_of(value.partition(":")[0]) == "models", value
+
+
+def test_client_has_a_layer_and_no_exemption() -> None:
+    """client/ (the Python SDK) sits beside media and config, just above errors: no import of
+    it or by it is exempt from the layer rules."""
+    assert LAYER["client"] == LAYER["config"] == LAYER["errors"] + 1
+    assert not upward(("x", "y", "client", "errors"))
+    assert upward(("x", "y", "client", "aio"))  # the SDK imports errors and itself only
+    assert upward(("x", "y", "media", "client")) and upward(("x", "y", "config", "client"))
+    assert not upward(("x", "y", "cli", "client"))
