@@ -43,9 +43,10 @@ t1 = time.perf_counter()
 import asyncio, json
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.engines.base import build_engine
+from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 spec = EngineSpec(stage={stage!r}, role={stage!r}, backend={backend!r}, model_path={path!r},
                   gpu=None, gpu_memory_fraction=None, factory={{}}, engine={{}},
-                  umm_adapter="sglang_omni.models.cosmos3.adapter:Cosmos3UMMAdapter")
+                  umm_adapter=Cosmos3UMMAdapter)
 t2 = time.perf_counter()
 engine = build_engine(spec)
 t3 = time.perf_counter()

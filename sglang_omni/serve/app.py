@@ -20,8 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sglang_omni.config import random_weights
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.contract import random_weights
 from sglang_omni.errors import OmniError, ServiceUnavailable
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.bodies.body_budget import BodyBudget

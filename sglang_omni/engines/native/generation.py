@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from sglang_omni.contract.generation_options import DEFAULT_FPS, OPTIONS
 from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.parallelism import native_gpu_count
 from sglang_omni.contract.payloads import ActionResult, GenerationPayload, MediaResult
 from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.guardrails import guardrails_state
@@ -57,7 +58,6 @@ from sglang_omni.engines.native.generation_driver import (
     WorkerProcess,
     load_driver,
 )
-from sglang_omni.engines.native.parallelism import native_gpu_count
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir, materialize
 from sglang_omni.media.action_refs import action_media_refs, replace_action_media
