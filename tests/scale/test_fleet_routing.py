@@ -18,10 +18,12 @@ pytest.importorskip("ray")
 from tests.kit import script  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
 
-#: One image of 4 steps of 0.25 s: 1 s on the stage. With timeout_s 8 an idle server plans 7
-#: generations (7 x (1 s + the turn) + a turn <= 8 s), so a stage planned busy for more than
-#: about 0.9 s refuses a new request.
-PLANNED = ("--generation.factory.step_time_s", "0.25", "--orchestrator.factory.timeout_s", "8")
+#: One image of 4 steps of 0.5 s: 2 s on the stage. With timeout_s 16 an idle server plans 7
+#: generations (7 x (2 s + the turn) + a turn <= 16 s), so a stage planned busy for more than
+#: about 1.8 s refuses a new request. (At 0.25 s and 8 s, a loaded two-core machine made the
+#: warm-up requests miss their deadline: 504, their stage jobs still ending on one replica,
+#: which then refused too.)
+PLANNED = ("--generation.factory.step_time_s", "0.5", "--orchestrator.factory.timeout_s", "16")
 ONE_IMAGE = script({"action": "image", "prompt": "a cube"}, {"action": "final", "text": "ok"})
 GEN = {"generation": {"width": 32, "height": 32, "seed": 1}}
 
@@ -55,6 +57,8 @@ def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayClu
     assert warmed == [200, 200], (warmed, fleet.stats())
     stats = fleet.wait(lambda s: all(r["quote"]["generation_s"] for r in s) and s,
                        what="both replicas measured a generation")
+    fleet.wait(lambda s: not any(r["in_flight"] or r["planned_in_flight"] or r["stage_jobs"]
+                                 for r in s), what="both replicas idle after the warm-up")
     busy_long = hold(fleet, script(*[{"action": "image", "prompt": f"p{i}"} for i in range(3)],
                                    {"action": "final", "text": "ok"}))
     busy = fleet.wait(lambda s: [r for r in s if r["in_flight"]], what="the long request")[0]
