@@ -1,7 +1,8 @@
 """One ``/generate`` walks the shapes docs/interleaved.md lists ("One walk"), each once: the
 body's set fields are read once (by the parser and the media check alike), the parser's
 ChatRequest is the controller's UMMRequest (no copy of its fields), and each Reasoner turn's
-payload goes from the adapter to the stage message with its media pointed at the turn's frames.
+payload is built once, by the adapter, and packed into the stage message as it is (its media
+parts pointed at the turn's frames).
 Driven in-process over ASGI with the scripted engines, spying on each step."""
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ async def _walk(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[Any]]:
 
     async def spy_prepare(self: Any, handle: Any, payload: Any, frames: Any) -> Any:
         walk.append("ReasonerPayload")
+        made.append(payload)
         return await prepare(self, handle, payload, frames)
 
     def spy_pack(header: dict[str, Any], frames: Any) -> Any:
-        walk.append(f"msgpack {header['payload'].get('modality', 'reasoner')}")
+        sent = header["payload"]
+        kind = sent.get("modality", "reasoner")
+        if kind == "reasoner":  # the payload the adapter built, not a copy of it
+            kind += " (the adapter's payload)" if sent is made[-1] else " (a copy)"
+        walk.append(f"msgpack {kind}")
         return pack(header, frames)
 
     monkeypatch.setattr(interleaved_routes, "set_fields", spy_fields)
@@ -77,6 +83,7 @@ def test_one_generate_walks_each_shape_once(monkeypatch: pytest.MonkeyPatch) -> 
     walk, segments = asyncio.run(_walk(monkeypatch))
     assert [s["kind"] for s in segments] == ["image", "text"]
     assert walk == ["set fields", "ChatRequest", "UMMRequest is the ChatRequest",
-                    "ReasonerPayload", "msgpack reasoner",  # the first decision
-                    "msgpack image",  # the generation
-                    "ReasonerPayload", "msgpack reasoner"]  # the final answer
+                    # the first decision, the generation, the final answer
+                    "ReasonerPayload", "msgpack reasoner (the adapter's payload)",
+                    "msgpack image",
+                    "ReasonerPayload", "msgpack reasoner (the adapter's payload)"]
