@@ -33,7 +33,7 @@ from typing import Any
 from sglang_omni.contract.job import FRAME_SCHEME
 from sglang_omni.contract.result import Frames
 from sglang_omni.errors import BadRequest, StageDied
-from sglang_omni.media import MediaPolicy, RequestMediaDir
+from sglang_omni.media import LazyMediaDir, MediaPolicy
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts
 from sglang_omni.media.gather import read_all
 from sglang_omni.media.inline import InlinePayload
@@ -132,7 +132,7 @@ class ReasonerMedia:
             return
         started = time.monotonic()
         try:
-            with _TurnDir() as workdir:
+            with LazyMediaDir() as workdir:  # made only when a medium is fetched
                 data = await read_all([(label, url) for url, label in unread.items()],
                                       self.policy, workdir.get(),
                                       deadline_s=max(self._fetch_left_s, 0.001))
@@ -173,26 +173,6 @@ class ReasonerMedia:
         self._client_keys.clear()
         if self.reservation is not None:
             self.reservation.release()
-
-
-class _TurnDir:
-    """The turn's media folder, made only when a client medium is read (most turns read
-    none); removed when the ``with`` block ends."""
-
-    def __init__(self) -> None:
-        self._dir: RequestMediaDir | None = None
-
-    def get(self) -> RequestMediaDir:
-        if self._dir is None:
-            self._dir = RequestMediaDir()
-        return self._dir
-
-    def __enter__(self) -> _TurnDir:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._dir is not None:
-            self._dir.close()
 
 
 def _replace_url(messages: list[Any], index: int, part_index: int, url: str) -> None:
