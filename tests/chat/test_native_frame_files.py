@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 from sglang_omni.engines.native.frame_files import RequestFrameFiles
 from sglang_omni.engines.native.reasoner_request import localize_media
-from sglang_omni.media import MediaPolicy, RequestMediaDir
-from tests.chat.kit import png
+from sglang_omni.media import LazyMediaDir, MediaPolicy, RequestMediaDir
+from tests.chat.kit import data_url, png
 
 IMAGE = bytearray(png((1, 2, 3)))  # as the stage keeps a request's media: one object per item
 VIDEO = bytearray(b"\x00\x00\x00\x18ftypisom" + b"\x00" * 16)
@@ -95,3 +95,22 @@ def test_without_request_files_a_turn_writes_its_own() -> None:
 
     inside, after = asyncio.run(scenario())
     assert not any(p.exists() for p in after)
+
+
+def test_a_turn_of_the_requests_frames_only_makes_no_turn_folder() -> None:
+    requests = RequestFrameFiles()
+
+    async def scenario() -> tuple[bool, bool]:
+        files = requests.open("r1")
+        with LazyMediaDir() as frames_only, LazyMediaDir() as with_inline:
+            await localize_media(turn([IMAGE]), [IMAGE], MediaPolicy(), frames_only,
+                                 frame_files=files)
+            inline = [{"role": "user", "content": [{"type": "image_url", "image_url": {
+                "url": data_url("image/png", bytes(IMAGE))}}]}]
+            await localize_media(inline, [], MediaPolicy(), with_inline, frame_files=files)
+            made = frames_only.made, with_inline.made
+        requests.done("r1", files)
+        requests.end("r1")
+        return made
+
+    assert asyncio.run(scenario()) == (False, True)  # a data: URL is written to the turn's

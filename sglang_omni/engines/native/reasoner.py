@@ -55,7 +55,7 @@ from sglang_omni.engines.native.reasoner_request import (
 from sglang_omni.engines.native.root_logging import kept_root_logging
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
-from sglang_omni.media import RequestMediaDir
+from sglang_omni.media import LazyMediaDir
 from sglang_omni.media.settings import policy_from_spec
 
 log = logging.getLogger("sglang_omni.native.reasoner")
@@ -193,7 +193,7 @@ class NativeReasoner:
 
     async def _run(self, job: Job, payload: ReasonerPayload, native_rid: str,
                    frame_files: FrameFiles) -> StageResult:
-        with RequestMediaDir() as workdir:
+        with LazyMediaDir() as workdir:  # a turn reading only its frames writes none
             messages = await localize_media(payload.get("messages") or [], job.frames,
                                             self.policy, workdir,
                                             int(payload.get("message_offset", 0)),

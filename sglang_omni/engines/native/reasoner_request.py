@@ -33,7 +33,7 @@ from sglang_omni.contract.payloads import (
 )
 from sglang_omni.engines.native.frame_files import FrameFiles, write_frame
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
-from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
+from sglang_omni.media import LazyMediaDir, MediaPolicy, RequestMediaDir, materialize
 from sglang_omni.media.content_parts import message_parts, without_client_label
 from sglang_omni.media.gather import gather_within
 
@@ -47,8 +47,12 @@ def new_native_rid() -> str:
 
 
 # --- media ------------------------------------------------------------------------------------
+def _folder(workdir: RequestMediaDir | LazyMediaDir) -> RequestMediaDir:
+    return workdir.get() if isinstance(workdir, LazyMediaDir) else workdir
+
+
 async def _native_ref(ref: str, frames: list[bytes | bytearray], policy: MediaPolicy,
-                      workdir: RequestMediaDir, label: str,
+                      workdir: RequestMediaDir | LazyMediaDir, label: str,
                       frame_files: FrameFiles | None) -> str:
     if ref.startswith(FRAME_SCHEME):
         index = ref[len(FRAME_SCHEME):]
@@ -57,13 +61,14 @@ async def _native_ref(ref: str, frames: list[bytes | bytearray], policy: MediaPo
         if frame_files is not None:  # the request's file of the frame, written once
             return await frame_files.uri(frames[int(index)])
         # megabytes written to a file: off the event loop
-        return await anyio.to_thread.run_sync(write_frame, frames[int(index)], workdir)
-    target = await materialize(ref, policy, workdir, label=label)
+        return await anyio.to_thread.run_sync(write_frame, frames[int(index)],
+                                              _folder(workdir))
+    target = await materialize(ref, policy, _folder(workdir), label=label)
     return Path(target).as_uri()  # a checked local file or one of the request's temp files
 
 
 async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | bytearray],
-                         policy: MediaPolicy, workdir: RequestMediaDir,
+                         policy: MediaPolicy, workdir: RequestMediaDir | LazyMediaDir,
                          offset: int = 0, frame_files: FrameFiles | None = None
                          ) -> list[dict[str, Any]]:
     """A copy of ``messages`` whose media urls native SGLang can read under ``policy``
@@ -72,7 +77,8 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
     policy's ``request_deadline_s`` (:func:`~sglang_omni.media.gather.gather_within`).
 
     Refused references raise MediaRefused (400) and failed fetches MediaFetchFailed before
-    native SGLang loads anything; files written for the turn live in ``workdir``, and the
+    native SGLang loads anything; files written for the turn live in ``workdir`` (a
+    ``LazyMediaDir`` is made only when one is written), and the
     ``omni-frame://N`` media in ``frame_files`` (the request's, each frame written once) when
     given, else in ``workdir`` too.
     """
