@@ -35,7 +35,7 @@ def turn(text: str, frames: list[Any], rid: str = "r1") -> Job:
                   {"url": f"omni-frame://{i}"}} for i, f in enumerate(frames)]
     messages = [{"role": "user", "content": [{"type": "text", "text": text}, *parts]}]
     return Job(rid, {"messages": messages, "sampling": {}, "stream": False, "turn_index": 0},
-               list(frames))
+               list(frames), emit=lambda _chunk: None)
 
 
 def paths(obj: Any) -> list[Path]:
