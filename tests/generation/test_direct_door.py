@@ -77,8 +77,8 @@ def at_rest(server: Server) -> None:
     def ended() -> bool:
         jobs = {outcome: n for (stage, outcome), n in job_counts(server).items()
                 if stage == "generation"}
-        return jobs.get("submitted", 0) == sum(n for outcome, n in jobs.items()
-                                               if outcome != "submitted")
+        return jobs.get("submitted", 0) == sum(jobs.get(outcome, 0) for outcome in
+                                               ("completed", "failed", "aborted"))
 
     wait_for(lambda: states(server) == 0, timeout=60)
     wait_for(ended, timeout=60)

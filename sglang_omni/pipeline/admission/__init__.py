@@ -23,6 +23,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from sglang_omni.pipeline.admission.chat import ChatAdmission
+from sglang_omni.pipeline.admission.direct import DirectAdmission
+from sglang_omni.pipeline.admission.interleaved import check_max_active
+from sglang_omni.pipeline.admission.media_budget import MediaBudget, MediaReservation
+from sglang_omni.pipeline.admission.realtime import Sessions
+
+__all__ = ["ChatAdmission", "DirectAdmission", "MediaBudget", "MediaReservation", "Sessions",
+           "Ticket", "check_max_active"]
+
 
 class Ticket(Protocol):
     """What a request holds while it counts against an admission rule; ``release`` ends it
