@@ -4,8 +4,7 @@
 at most ``server.max_body_bytes`` (uvicorn closes a larger one with 1009, ``ws_max_size``), its
 bytes count in the server's body budget while uvicorn buffers it (:mod:`.ws_protocol`), and
 :func:`decode` checks it as an HTTP msgpack body is checked (depth, wire values, numpy maps;
-400 naming the path).
-The sessions themselves are admitted and owned by the pipeline
+400 naming the path). The sessions themselves are admitted and owned by the pipeline
 (``pipeline.admission.realtime``).
 """
 
