@@ -16,7 +16,8 @@ keys for those frames and the bytes of only the items the stage process does not
   decoded copy beside the request's text (a 150 MB body took 2.08x its size, issue 33). Every
   turn reads the same bytes, and no base64 travels inside a stage message header. Their
   (decoded) size settles the request's reservation in the server's client media budget
-  (:mod:`~sglang_omni.pipeline.media_budget`), released when the request is answered or ends.
+  (:mod:`~sglang_omni.pipeline.admission.media_budget`), released when the request is answered
+  or ends.
 * Generated media are the adapter's frames: frame *N* keeps its key for the request (an
   adapter's ``frames`` list only grows, and an index always names the same bytes).
 * When the stage process that holds the items is gone (it restarted mid-request), the turn fails
@@ -37,7 +38,7 @@ from sglang_omni.media import LazyMediaDir, MediaPolicy
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts
 from sglang_omni.media.gather import read_all
 from sglang_omni.media.inline import InlinePayload
-from sglang_omni.pipeline.media_budget import MediaReservation
+from sglang_omni.pipeline.admission.media_budget import MediaReservation
 from sglang_omni.runtime.ipc import WireFrame
 from sglang_omni.runtime.stage_handle import StageHandle
 

@@ -13,7 +13,10 @@ lower layer (no import of it is exempt).
 Some edges that point down are forbidden too (``FORBIDDEN``): serve, the HTTP layer, imports no
 engine and no model package; it reaches the configured model through the ``contract.model``
 interface its pipeline config names (``PipelineConfig.model``), so a model package added
-without a change to serve serves through the same routes.
+without a change to serve serves through the same routes. Nor does serve import anything in
+runtime (the stage handle, its IPC, the process helpers): pipeline is the only door to the
+stages, for every mode (the orchestrator and ``pipeline.direct``), so every request holds a
+request state and takes its admission ticket from ``pipeline.admission``.
 
 Every ``import`` and ``from ... import`` counts, including those inside functions, and so does a
 literal module name passed to ``importlib.import_module``. A module imported by a name the code
@@ -49,7 +52,7 @@ LAYER: dict[str, int] = {
     "cli": 9,
 }
 #: Downward edges that are still forbidden, by (source package, target package).
-FORBIDDEN = {("serve", "engines"), ("serve", "models")}
+FORBIDDEN = {("serve", "engines"), ("serve", "models"), ("serve", "runtime")}
 CLIENT_MAY_IMPORT = {"client", "errors"}
 
 
@@ -191,6 +194,14 @@ def test_every_package_is_layered() -> None:
 def test_no_upward_imports() -> None:
     bad = [edge for edge in edges() if upward(edge)]
     assert not bad, "imports that point up (or sideways) a layer:\n" + describe(bad)
+
+
+def test_serve_reaches_the_stages_only_through_the_pipeline() -> None:
+    """serve/ imports no runtime module (the stage handle above all): a route that called a
+    stage itself would bypass the request state and the admission package."""
+    reached = sorted(f"{source} -> {target}" for source, target, source_pkg, target_pkg
+                     in edges() if source_pkg == "serve" and target_pkg == "runtime")
+    assert reached == [], "serve/ imports runtime/ (go through pipeline/): " + ", ".join(reached)
 
 
 def test_no_package_cycles() -> None:

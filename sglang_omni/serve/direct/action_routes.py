@@ -100,9 +100,8 @@ def add_action_routes(router: APIRouter, ctx: DirectContext) -> None:
         body = check_action(ctx, body)
         await admit_media(action_media_refs(body), ctx.policy,
                           inline_images=action_inline_images(body))
-        rid = ctx.new_rid()
-        result = await ctx.call(request, rid, {"modality": "action", "request": body},
-                                action_media(body))
+        _, result = await ctx.call(request, {"modality": "action", "request": body},
+                                   action_media(body))
         if result is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         answer = action_answer(ctx, result, body)

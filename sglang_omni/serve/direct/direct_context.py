@@ -13,38 +13,36 @@ from sglang_omni.config.server import ServerSettings
 from sglang_omni.contract.model import ServedModel, served_model
 from sglang_omni.contract.result import StageResult
 from sglang_omni.media.policy import MediaPolicy
-from sglang_omni.pipeline.media_budget import MediaReservation, refs_worst_case
+from sglang_omni.pipeline.direct import DirectGenerations
 from sglang_omni.pipeline.media_checks import check_generated_media
 from sglang_omni.pipeline.orchestrator import Orchestrator
-from sglang_omni.serve.direct.direct_admission import DirectAdmission
 from sglang_omni.serve.direct.image_store import ImageStore
 from sglang_omni.serve.direct.video_jobs import VideoJobs
 from sglang_omni.serve.ops.request_log import note_rid
 from sglang_omni.serve.protocol.disconnect import ClientDisconnected, until_disconnect
-from sglang_omni.serve.realtime.ws_messages import Sessions
+from sglang_omni.serve.protocol.request_states import request_state
 
 
 @dataclass
 class DirectContext:
-    """One direct generation server's routes' shared state; ``videos``, ``images`` and the
-    realtime ``sessions`` are owned here and closed at shutdown."""
+    """One direct generation server's routes' shared state; ``videos`` and ``images`` are
+    owned here and closed at shutdown, with the realtime sessions of :attr:`door`."""
 
     orchestrator: Orchestrator
     served_name: str
     videos: VideoJobs = field(default_factory=VideoJobs)
     images: ImageStore = field(default_factory=ImageStore)
-    sessions: Sessions = field(default_factory=Sessions)
-    #: The image and action requests' queue on the generation stage.
-    admission: DirectAdmission = field(init=False)
+    #: The pipeline's door to the generation stage: every generation of these routes goes
+    #: through it (its admission, request states and realtime sessions).
+    door: DirectGenerations = field(init=False)
     #: The model the pipeline serves: its limits, defaults and action route.
     model: ServedModel = field(init=False)
 
     def __post_init__(self) -> None:
         self.model = served_model(self.orchestrator.config)
-        settings = self.orchestrator.config.server
-        self.admission = DirectAdmission(
-            settings.max_direct_queue, settings.direct_wait_s,
-            lambda reason: self.orchestrator.observer.refused(reason))
+        if self.orchestrator.direct is None:
+            raise TypeError("the direct routes need a direct generation pipeline")
+        self.door = self.orchestrator.direct
 
     @property
     def policy(self) -> MediaPolicy:
@@ -63,54 +61,24 @@ class DirectContext:
         """The width/height multiple the generation backend needs."""
         return self.model.size_multiple(self.backend)
 
-    def stage(self) -> Any:
-        """The generation stage (503 while the server is unhealthy)."""
-        self.orchestrator.check_healthy()
-        return self.orchestrator.stages["generation"]
-
-    def new_rid(self) -> str:
-        """A fresh request id, also the current request's in its log line."""
-        rid = self.orchestrator.ids.new()
+    async def call(self, request: Request, payload: dict[str, Any],
+                   media: Iterable[str] = ()) -> tuple[str, StageResult | None]:
+        """Run one image or action generation for a waiting client through the door
+        (``DirectGenerations.generate``, in the HTTP request's state): its request id, and its
+        result or None when the client went away (aborted, waiting or running)."""
+        state = request_state(request)
+        rid = self.door.claim(state)
         note_rid(rid)
-        return rid
-
-    def hold_media(self, media: Iterable[str]) -> MediaReservation:
-        """Reserve the most the generation stage may read for the media references ``media``
-        (paths, URLs, inline data; each distinct one once) in the server's client media
-        budget: ServiceUnavailable (503, Retry-After) when it does not fit beside what the
-        running requests hold. The caller releases it once the generation ended."""
-        return self.orchestrator.media_budget.reserve(refs_worst_case(media, self.policy))
-
-    async def admitted(self, rid: str, payload: dict[str, Any],
-                       media: Iterable[str] = ()) -> StageResult:
-        """Run one generation on the generation stage under an admission ticket of
-        :attr:`admission` (ServiceUnavailable, 503, when refused or while the server is
-        unhealthy). The one way an image or action request, a realtime action and each chunk
-        of a realtime video session reach the stage: each holds its ticket for that
-        generation only, never for a whole connection. ``media``: the references the stage
-        reads for it, held in the client media budget (:meth:`hold_media`) from now until the
-        generation ends."""
-        self.stage()  # 503 at once while the server is unhealthy
-        hold = self.hold_media(media)
         try:
-            async with self.admission.slot():
-                return await self.stage().call(rid, payload)
-        finally:
-            hold.release()
-
-    async def call(self, request: Request, rid: str, payload: dict[str, Any],
-                   media: Iterable[str] = ()) -> StageResult | None:
-        """Run a generation for a waiting client (:meth:`admitted`); None when the client went
-        away (aborted, waiting or running)."""
-        try:
-            return await until_disconnect(request, self.admitted(rid, payload, media))
+            return rid, await until_disconnect(request, self.door.generate(state, payload,
+                                                                           media))
         except ClientDisconnected:
-            return None
+            return rid, None
 
     async def close(self) -> None:
         """Shutdown: end the realtime sessions and the video jobs, forget the images."""
         try:
-            await self.sessions.close()
+            await self.door.close()
             await self.videos.close()
         finally:
             await self.images.close()

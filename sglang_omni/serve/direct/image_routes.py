@@ -52,9 +52,8 @@ async def generate_image(request: Request, ctx: DirectContext, fields: dict[str,
     response_format = check_image_format(fields)
     ctx.model.check_generation_limits(options, ctx.settings, video=False, backend=ctx.backend,
                                       multiple=ctx.multiple)
-    rid = ctx.new_rid()
-    result = await ctx.call(request, rid, {"modality": "image", "prompt": fields["prompt"],
-                                           "options": options}, media)
+    rid, result = await ctx.call(request, {"modality": "image", "prompt": fields["prompt"],
+                                            "options": options}, media)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     data = single_media("image", result)
