@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any
 
 from sglang_omni.aio.merge import keep_alive
-from sglang_omni.aio.race import race
+from sglang_omni.aio.race import race, to_the_end
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -176,11 +176,19 @@ async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event
         if not task.done():
             gone.set()
             _drain(queue)
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            cancelled = False
+            try:
                 await asyncio.wait_for(asyncio.shield(task), grace_s)
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:  # the caller's (not the app's): raised after the
+                current = asyncio.current_task()  # app ended
+                cancelled = current is not None and current.cancelling() > 0
             if not task.done():
                 task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await to_the_end(asyncio.gather(task, return_exceptions=True))
+            if cancelled:
+                raise asyncio.CancelledError()
 
 
 async def _next(queue: asyncio.Queue[Message], task: asyncio.Future[None]) -> Message:

@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from sglang_omni.aio.race import to_the_end
 from sglang_omni.contract.generation_options import DEFAULT_FPS, OPTIONS
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import ActionResult, GenerationPayload, MediaResult
@@ -298,7 +299,9 @@ class NativeGenerator:
                     written = size
                     job.progress()
         except asyncio.CancelledError:
-            await self._stop(job.rid, call, folder)
+            # to its end even if cancelled again: the worker must be free before the next
+            # request (the cancellation is raised once it is)
+            await to_the_end(self._stop(job.rid, call, folder))
             raise
         if not call.done() or self._check_workers():
             self._raise_if_dead()  # a worker died: that, not its side effects, is the failure
@@ -329,11 +332,7 @@ class NativeGenerator:
         else:
             log.warning("request %s aborted, but %s; it keeps the generation stage busy until "
                         "its native generation finishes", rid, self.plan.reason)
-        while not (call.done() or self._death.done()):
-            try:
-                await asyncio.wait({call, self._death}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                continue  # already stopping; the worker must be free before the next request
+        await asyncio.wait({call, self._death}, return_when=asyncio.FIRST_COMPLETED)
         log.info("request %s: native generation ended %.2f s after the abort", rid,
                  time.monotonic() - started)
 
