@@ -5,11 +5,17 @@ streamed and abandoned video generations, each stage says none is left."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
+import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
+from sglang_omni.contract.job import EngineSpec
+from sglang_omni.runtime.stage_handle import StageHandle
 from tests.generation.kit import native_server
 from tests.kit import script
 from tests.server import SCRIPTED_UMM, Server
@@ -59,3 +65,30 @@ def stop_and_count_clean_exits(server: Server) -> int:
     log = server.log()
     assert "thread(s) still running" not in log and "did not stop within" not in log, log
     return sum(NONE_LEFT in line for line in log.splitlines())
+
+
+def test_without_a_pidfd_the_servers_exit_watch_thread_is_joined_at_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel has no pidfd, a thread of the server joins each stage process; the
+    stage's stop joins it too."""
+    def no_pidfd(_pid: int) -> int:
+        raise OSError("no pidfd here")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    spec = EngineSpec(stage="reasoner", role="reasoner", backend="scripted", model_path=None,
+                      gpu=None, gpu_memory_fraction=None, factory={},
+                      engine={"skip_server_warmup": True})
+
+    async def main() -> tuple[list[str], list[str]]:
+        handle = StageHandle(spec, startup_timeout_s=60.0, log_level="warning")
+        await handle.start()
+        running = watches()
+        await handle.stop()
+        return running, watches()
+
+    running, left = asyncio.run(main())
+    assert running == ["sgl-omni-reasoner-watch"] and left == []
+
+
+def watches() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.endswith("-watch")]
