@@ -462,6 +462,8 @@ class StageHandle(StageFaults):
             await child.wait(3.0)
         child.kill_group()
         await child.wait(3.0)
+        if not child.is_alive():
+            await child.join_threads(2.0)
         self._remove_scratch()
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)

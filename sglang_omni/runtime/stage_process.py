@@ -54,6 +54,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sglang_omni.aio.race import race
+from sglang_omni.aio.threads import Threads, join_all
 from sglang_omni.config.schema import PROCESS_FACTORY
 from sglang_omni.config.stages import GENERATION_FACTORY
 from sglang_omni.contract.gpu_turns import GpuTurns, Turn
@@ -87,6 +88,9 @@ MIN_SERVER_SILENCE_S = 10.0
 DIRECT_SEND_BYTES = 64 * 1024
 #: A job's progress reports reach the server at most this often (the rest are dropped).
 PROGRESS_EVERY_S = 0.5
+#: At exit, the stage's threads are joined within this many seconds (those left are logged;
+#: the server kills a stage that has not exited 5 s after it asked it to stop).
+THREAD_JOIN_S = 2.0
 
 
 def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str,
@@ -102,8 +106,28 @@ def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server coordinates Ctrl-C
     configure_logging(log_level, log_format, stage=spec.stage)
-    code = asyncio.run(_StageServer(spec, Channel(sock)).serve())
+    code = asyncio.run(_StageServer(spec, Channel(sock),
+                                    stop_reading=lambda: _shut_reading(sock)).serve())
+    join_all(THREAD_JOIN_S)  # what an engine's close left (each owner logs its own)
+    _log_threads_left()
     sys.exit(code)
+
+
+def _shut_reading(sock: socket.socket) -> None:
+    """End the reader thread's blocked read (it sees the end of the stream); sending goes on."""
+    try:
+        sock.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass  # the connection is gone already: the reader has seen it
+
+
+def _log_threads_left() -> None:
+    """Say which threads besides the main thread are still running as the stage exits."""
+    left = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if left:
+        log.warning("exiting with %d thread(s) still running: %s", len(left), ", ".join(left))
+    else:
+        log.info("exiting: no thread left besides the main thread")
 
 
 def _process_started() -> float:
@@ -162,9 +186,14 @@ def _log_send_failure(sent: Future) -> None:
 
 
 class _StageServer:
-    def __init__(self, spec: EngineSpec, channel: Channel) -> None:
+    def __init__(self, spec: EngineSpec, channel: Channel,
+                 stop_reading: Callable[[], None] = lambda: None) -> None:
         self.spec = spec
         self.channel = channel
+        #: The reader and server-watch threads; stopped and joined as :meth:`serve` ends.
+        self.threads = Threads(f"the {spec.stage} stage")
+        self._stop_reading = stop_reading
+        self._exiting = threading.Event()
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="stage-send")
         #: Messages queued for the sender thread and not sent yet, and the event loop's thread.
         self._queue_lock = threading.Lock()
@@ -249,12 +278,12 @@ class _StageServer:
             return 1
         # Installed after start: a native engine may install its own handlers while starting.
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
-        threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
+        self.threads.start(self._read_loop, loop, name="stage-reader", stop=self._stop_reading)
         stall_s = float(self.spec.factory.get("stall_timeout_s")
                         or PROCESS_FACTORY["stall_timeout_s"].default)
         silence_s = max(MIN_SERVER_SILENCE_S, SERVER_SILENCE_FACTOR * stall_s)
-        threading.Thread(target=self._watch_server, args=(silence_s,), daemon=True,
-                         name="server-watch").start()
+        self.threads.start(self._watch_server, silence_s, name="server-watch",
+                           stop=self._exiting.set)
         self._send_now({"op": "ready", "pid": os.getpid(), "stops_server_on_exit": bool(
             getattr(self.engine, "stops_server_on_exit", False))}, None)
         log.info("ready (backend %s) %.1f s after the process started: %.1f s to reach the "
@@ -274,7 +303,13 @@ class _StageServer:
         await self.engine.close()
         self._stop_children()
         self.sender.shutdown(wait=True)
+        await asyncio.to_thread(self._stop_threads)
         return 0 if fatal is None else FATAL_EXIT_CODE
+
+    def _stop_threads(self) -> None:
+        """Stop the reader (its read ends) and the server watch, and join them."""
+        self._exiting.set()
+        self.threads.join(THREAD_JOIN_S)
 
     async def _until_stop_or_failure(self) -> str | None:
         """Wait for a shutdown request (None) or the engine's failure report (its message)."""
@@ -326,7 +361,8 @@ class _StageServer:
                 # server's ping waits behind it
                 header, frames = self.channel.recv(keepalive=self._receiving)
             except (EOFError, OSError):
-                loop.call_soon_threadsafe(self.stopping.set)
+                if not self._exiting.is_set():
+                    loop.call_soon_threadsafe(self.stopping.set)
                 return
             except Exception:  # noqa: BLE001 - a garbled message is dropped, not fatal
                 log.exception("undecodable message from the server")
@@ -340,8 +376,7 @@ class _StageServer:
     def _watch_server(self, limit_s: float) -> None:
         """Take the stage's process group down once the server, having begun its heartbeats,
         sent none for ``limit_s`` (a thread: the event loop may be busy)."""
-        while True:
-            time.sleep(min(1.0, limit_s / 4))
+        while not self._exiting.wait(min(1.0, limit_s / 4)):
             last = self.last_ping
             if last is not None and time.monotonic() - last > limit_s:
                 log.error("the server sent no heartbeat for %.0f s (it is frozen or gone); "
