@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sglang_omni.aio.race import cancel_and_wait
 from sglang_omni.errors import BadRequest, ShuttingDown
 
 #: Seconds a new realtime video session waits for the one session slot before it is refused.
@@ -100,9 +101,5 @@ class Sessions:
 
     async def close(self) -> None:
         self.closed = True
-        tasks = [t for t in self.tasks if not t.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # the sessions' errors are retrieved; the caller's own cancellation is not swallowed
+        await cancel_and_wait([t for t in self.tasks if not t.done()])

@@ -15,7 +15,6 @@ is held that no client knows the id of.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import weakref
@@ -25,6 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_omni.aio.race import to_the_end
 from sglang_omni.errors import NotFound, OmniError, ServerError, ShuttingDown
 from sglang_omni.pipeline.admission.video_jobs import (
     MAX_VIDEO_JOBS,
@@ -159,10 +159,11 @@ class VideoJobs:
         tasks = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
         for task in tasks:
             task.cancel()
-        tasks += list(self._ending)  # cancelled already: let them end
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # the ending ones were cancelled already (a second cancel would cut their cleanup short);
+        # the caller's own cancellation is not swallowed, only raised once they all ended
+        ending = [*tasks, *self._ending]
+        if ending:
+            await to_the_end(asyncio.gather(*ending, return_exceptions=True))
 
 
 _owners: weakref.WeakSet[VideoJobs] = weakref.WeakSet()
