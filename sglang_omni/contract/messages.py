@@ -157,9 +157,10 @@ class Aborted:
 ToStage: TypeAlias = Submit | Abort | End | Ping | Shutdown
 ToServer: TypeAlias = Ready | Failed | Fatal | Pong | Chunk | Progress | Result | Error | Aborted
 Message: TypeAlias = ToStage | ToServer
+_TO_STAGE = (Submit, Abort, End, Ping, Shutdown)
 #: The job messages that end a job on the stage.
 JOB_ENDS: tuple[type, ...] = (Result, Error, Aborted)
-JobMessage: TypeAlias = Chunk | Progress | Result | Error | Aborted
+JOB_END_OPS = frozenset({Result.op, Error.op, Aborted.op})
 
 
 # --- the codec ------------------------------------------------------------------------------------
@@ -268,6 +269,22 @@ def decode(header: Any) -> Message:
         elif f.required:
             raise ProtocolError(op, f.name, "missing")
     return cls(**values)
+
+
+def decode_to_stage(header: Any) -> ToStage:
+    """:func:`decode` for the stage's end: ProtocolError for a type the server never sends."""
+    message = decode(header)
+    if not isinstance(message, _TO_STAGE):
+        raise ProtocolError(message.op, "op", f"{message.op!r} is not a message a stage is sent")
+    return message
+
+
+def decode_to_server(header: Any) -> ToServer:
+    """:func:`decode` for the server's end: ProtocolError for a type a stage never sends."""
+    message = decode(header)
+    if isinstance(message, _TO_STAGE):
+        raise ProtocolError(message.op, "op", f"{message.op!r} is not a message a stage sends")
+    return message
 
 
 def job_of(header: Any) -> tuple[str, int] | None:
