@@ -11,6 +11,9 @@ what the server asks of a model.
 * ``actions``: the native action route's fields and checks, as an engine sees them.
 * ``model``: the ``ServedModel`` interface a model package provides (its limits, defaults and
   action request handling), which the HTTP layer asks of the configured pipeline.
+* ``messages``: the stage wire's messages, one type per operation, and their one codec
+  (``encode``, ``decode``: a message that fails to decode is a ``ProtocolError`` naming its
+  field).
 * ``random_weights``: the note a checkpoint builder leaves in a random-weight checkpoint.
 
 It imports only ``errors``, ``media`` and ``config``; engines, the runtime, the pipeline, the

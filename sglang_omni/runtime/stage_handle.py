@@ -17,6 +17,12 @@ socket: ``call`` packs its header and writes it (and its frames) to the socket i
 own step, and the stage's answers are read and applied by the loop's reader callback. A value
 the wire cannot carry fails ``call`` at once (BadRequest naming it), and a send that fails
 later fails its request at once; nothing sent is fire-and-forget.
+
+Messages are the types of :mod:`sglang_omni.contract.messages`; what the stage sends is decoded
+and dispatched by type (``_handlers``). One that fails to decode (a bug on the stage's side) is a
+protocol error: the call of the job it names (by a plain ``rid`` and the call's ``token``) fails
+at once with a ServerError naming the message type and field, and the job is aborted on the
+stage unless the message ended it; anything else is logged and counted as dropped.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
-Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload, order?}`` +
+Protocol (the types of :mod:`sglang_omni.contract.messages`, over ``ipc.Channel``; what the
+server sends is dispatched by type), server -> stage: ``submit {rid, token, payload, order?}`` +
 frames (``order``: the request's admission time on the server's monotonic clock; a generation
 stage runs its jobs in GPU turns, the oldest request's first, pausing a younger job at a
 denoising step boundary: :mod:`sglang_omni.contract.gpu_turns`; absent: the time it arrived),
@@ -27,7 +28,9 @@ message}``, ``aborted {rid, token}``, ``progress {rid, token}`` (the engine's ``
 at most one per job every :data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
 then exits with code 3). A message is packed by the code that sends it, so a result or chunk
-the wire cannot carry fails that request (``error``) instead of vanishing.
+the wire cannot carry fails that request (``error``) instead of vanishing. A message from the
+server that fails to decode is logged as a protocol error; a ``submit`` that still names its
+``rid`` and ``token`` is answered ``error`` (500) naming the field, and the stage serves on.
 
 The stage leads its own process group, so the server can take down the stage and every child it
 started with one signal, and it dies with the server (PR_SET_PDEATHSIG). Once the server's
