@@ -188,6 +188,9 @@ def _checker(kind: Any) -> Any:
     """A predicate for values of ``kind`` (the annotations this module uses)."""
     if get_origin(kind) is Union or type(kind).__name__ == "UnionType":
         parts = [_checker(k) for k in get_args(kind)]
+        if len(parts) == 2:  # X | None, the common case: no generator per value
+            one, two = parts
+            return lambda v: one(v) or two(v)
         return lambda v: any(p(v) for p in parts)
     if kind is type(None):
         return lambda v: v is None
