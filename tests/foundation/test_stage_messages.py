@@ -4,6 +4,7 @@ message type crosses the wire and comes back equal, and a message that cannot be
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from sglang_omni.contract import messages as m
 from sglang_omni.contract.messages import ProtocolError, decode, encode
 from sglang_omni.runtime.ipc import Channel, Incoming, channel_pair, pack_message, wire_pieces
+from sglang_omni.runtime.stage_link import StageLink
 
 SAMPLES: list[m.Message] = [
     m.Submit("r1", 1, {"messages": [{"role": "user", "content": "hi"}]}, 12.5,
@@ -134,3 +136,32 @@ def test_the_stage_end_reads_on_after_a_garbled_header() -> None:
     assert m.decode_to_stage(header) == m.Ping(3)
     reader.close()
     ours.close()
+
+
+def test_the_server_end_reads_on_after_a_garbled_header(caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    """``StageLink`` logs a hand-built bad header from the stage as a protocol error, drops
+    it, and hands on the next message in step."""
+    ours, theirs = channel_pair()
+
+    async def main() -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        arrived = asyncio.Event()
+
+        def on_message(header: dict[str, Any], frames: list) -> None:
+            got.append(header)
+            arrived.set()
+
+        link = StageLink(ours, on_message, lambda: None, name="test")
+        bad = msgpack.packb({"op": "result", "nframes": "many"})
+        theirs.sendall(struct.pack("!Q", len(bad)) + bad)
+        Channel(theirs).send(m.Progress("r1", 1))
+        await asyncio.wait_for(arrived.wait(), 30)
+        link.close()
+        return got
+
+    with caplog.at_level("ERROR", logger="sglang_omni.runtime"):
+        got = asyncio.run(main())
+    assert [m.decode_to_server(header) for header in got] == [m.Progress("r1", 1)]
+    assert "stage protocol error: result.nframes: expected a count, got 'many'" in caplog.text
+    theirs.close()
