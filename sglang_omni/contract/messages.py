@@ -217,10 +217,24 @@ def _checker(kind: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class _Field:
     name: str
+    #: The exact type a value of this field has on the wire when nothing is odd (its check
+    #: is then skipped); None where the check must always run (a map of lists, ...).
+    fast: type | None
     check: Any
     expect: str
     required: bool
     default: Any
+
+
+def _fast_type(kind: Any) -> type | None:
+    if get_origin(kind) is Union or type(kind).__name__ == "UnionType":
+        kinds = [k for k in get_args(kind) if k is not type(None)]
+        return _fast_type(kinds[0]) if len(kinds) == 1 else None
+    if kind in (str, int, float, bool):
+        return kind
+    if get_origin(kind) is dict and get_args(kind)[1] is Any:
+        return dict
+    return None
 
 
 def _spec(cls: type) -> tuple[_Field, ...]:
@@ -228,7 +242,8 @@ def _spec(cls: type) -> tuple[_Field, ...]:
     out = []
     for f in fields(cls):
         kind = hints[f.name]
-        out.append(_Field(f.name, _checker(kind), _names(kind), f.default is MISSING, f.default))
+        out.append(_Field(f.name, _fast_type(kind), _checker(kind), _names(kind),
+                          f.default is MISSING, f.default))
     return tuple(out)
 
 
@@ -259,19 +274,30 @@ def decode(header: Any) -> Message:
     if cls is None:
         raise ProtocolError(None, "op", f"{op!r} is not a message type; expected one of "
                                         f"{', '.join(sorted(MESSAGES))}")
-    values = {}
+    values = []
     for f in _SPECS[cls]:
-        if f.name in header:
-            value = header[f.name]
-            if value is None and not f.required:
-                continue  # an optional field sent as null: its default
-            if not f.check(value):
-                raise ProtocolError(op, f.name, f"expected {f.expect}, got "
-                                                f"{type(value).__name__}")
-            values[f.name] = value
-        elif f.required:
+        value = header.get(f.name, _ABSENT)
+        if type(value) is not f.fast:  # the common case skips the check
+            value = _checked(op, f, value)
+        values.append(value)
+    return cls(*values)
+
+
+_ABSENT = object()
+
+
+def _checked(op: str | None, f: _Field, value: Any) -> Any:
+    """``value`` of field ``f`` as the message holds it (its default where it is absent or an
+    optional one is null); ProtocolError when it cannot be."""
+    if value is _ABSENT:
+        if f.required:
             raise ProtocolError(op, f.name, "missing")
-    return cls(**values)
+        return f.default
+    if value is None and not f.required:
+        return f.default  # an optional field sent as null: its default
+    if not f.check(value):
+        raise ProtocolError(op, f.name, f"expected {f.expect}, got {type(value).__name__}")
+    return value
 
 
 def decode_to_stage(header: Any) -> ToStage:
