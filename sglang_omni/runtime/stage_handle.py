@@ -434,10 +434,11 @@ class StageHandle(StageFaults):
     def _on_malformed(self, header: dict[str, Any], exc: ProtocolError) -> None:
         """A message from the stage failed to decode (a bug on the stage's side): the call of
         the job it names plainly, if any, fails with one error naming the field, and the job
-        is aborted on the stage unless the message ended it; anything else is dropped."""
+        is aborted on the stage unless the message ended it; anything else (a type this server
+        does not know among them: the wire grows by adding) is dropped."""
         log.error("%s: a message from the stage failed to decode: %s", self.name, exc)
         job = job_of(header)
-        if job is None:
+        if job is None or exc.field == "op":
             self.counters.dropped += 1
             return
         rid, token = job
