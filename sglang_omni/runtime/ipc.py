@@ -256,12 +256,17 @@ class Incoming:
             raise ProtocolError(None, "(header)",
                                 f"expected a map, got {type(header).__name__}")
         self.header: dict[str, Any] = header
-        self._nframes = _count(header, header.pop("nframes", 0), "nframes")
-        self._ntexts = _count(header, header.pop("ntexts", 0), "ntexts")
-        b64 = header.pop("b64frames", None) or []
-        if not isinstance(b64, list) or not all(type(i) is int for i in b64):
-            raise ProtocolError(_op(header), "b64frames", "expected a list of integers")
-        self._b64 = frozenset(b64)
+        self._nframes = header.pop("nframes", 0)
+        self._ntexts = header.pop("ntexts", 0)
+        for name, count in (("nframes", self._nframes), ("ntexts", self._ntexts)):
+            if type(count) is not int or count < 0:
+                raise ProtocolError(_op(header), name, f"expected a count, got {count!r}")
+        b64 = header.pop("b64frames", None)
+        self._b64: frozenset[int] = _NO_FRAMES
+        if b64:  # a message with a client's inline media: rare
+            if not isinstance(b64, list) or not all(type(i) is int for i in b64):
+                raise ProtocolError(_op(header), "b64frames", "expected a list of integers")
+            self._b64 = frozenset(b64)
         self.frames: Frames = []
         self.texts: list[str] = []
 
@@ -298,10 +303,7 @@ def _op(header: dict[str, Any]) -> str | None:
     return op if isinstance(op, str) else None
 
 
-def _count(header: dict[str, Any], value: Any, name: str) -> int:
-    if type(value) is not int or value < 0:
-        raise ProtocolError(_op(header), name, f"expected a count, got {value!r}")
-    return value
+_NO_FRAMES: frozenset[int] = frozenset()
 
 
 class Channel:
