@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_omni.contract.messages import Pong
+
 #: Engine stats (``pong.engine``) that describe the running process, not counts since it began.
 #: (``paused``, ``paused_bytes``: a generation stage's paused jobs, ``contract.gpu_turns``.)
 ENGINE_GAUGES = frozenset({"bytes", "budget", "requests", "paused", "paused_bytes"})
@@ -41,21 +43,14 @@ class StageReports:
         #: answer (``runtime.request_media``; empty until the first, and after it exits).
         self.request_media: dict[str, int] = {}
 
-    def pong(self, header: dict[str, Any]) -> bool:
+    def pong(self, pong: Pong) -> bool:
         """Take a heartbeat answer; True when its media counters moved since the last."""
-        moved = False
-        media = header.get("media")
-        if isinstance(media, dict):
-            moved = media != self.media
-            self.media = media
-        gpu = header.get("gpu")
-        self.gpu_memory = _ints(gpu) if isinstance(gpu, dict) else None
-        held = header.get("request_media")
-        if isinstance(held, dict):
-            self.request_media = _ints(held)
-        engine = header.get("engine")
-        if isinstance(engine, dict):
-            self.engine = _ints(engine, floats=True)
+        moved = pong.media != self.media
+        self.media = pong.media
+        self.gpu_memory = _ints(pong.gpu) if pong.gpu is not None else None
+        self.request_media = _ints(pong.request_media)
+        if pong.engine is not None:
+            self.engine = _ints(pong.engine, floats=True)
         return moved
 
     def new_process(self) -> None:
