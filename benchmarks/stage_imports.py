@@ -4,7 +4,7 @@ interpreter under ``python -X importtime``, and the imports are summed per top-l
 
 Phases, in the order a stage process runs them:
 
-* ``stage_module_s``: importing ``sglang_omni.runtime.stage_process`` (what the spawned process
+* ``stage_module_s``: importing ``sglang_omni.runtime.stage.process`` (what the spawned process
   imports before it reads its spec);
 * ``engine_module_s``: ``build_engine`` (the backend's engine module and its constructor);
 * ``engine_start_s``: ``await engine.start()`` (hf: the libraries, the checkpoint's load and, on a
@@ -38,7 +38,7 @@ LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
 PROBE = """
 import time
 t0 = time.perf_counter()
-import sglang_omni.runtime.stage_process
+import sglang_omni.runtime.stage.process
 t1 = time.perf_counter()
 import asyncio, json
 from sglang_omni.contract.job import EngineSpec

@@ -11,7 +11,7 @@ later reaches an older peer harmlessly): the wire grows by adding fields, never 
 Server -> stage: :class:`Submit`, :class:`Abort`, :class:`End`, :class:`Ping`,
 :class:`Shutdown`. Stage -> server: :class:`Ready`, :class:`Failed`, :class:`Pong`,
 :class:`Chunk`, :class:`Progress`, :class:`Result`, :class:`Error`, :class:`Aborted`,
-:class:`Fatal`. What each means: ``runtime.stage_process``'s module contract.
+:class:`Fatal`. What each means: ``runtime.stage.process``'s module contract.
 """
 
 from dataclasses import MISSING, dataclass, fields

@@ -31,7 +31,7 @@ from sglang_omni.pipeline.request_state import RequestState
 
 if TYPE_CHECKING:
     from sglang_omni.pipeline.orchestrator import Orchestrator
-    from sglang_omni.runtime.stage_handle import StageHandle
+    from sglang_omni.runtime.stage.handle import StageHandle
 
 #: The generation stage's name in a direct generation pipeline.
 STAGE = "generation"

@@ -57,7 +57,7 @@ from sglang_omni.pipeline.umm import (
 )
 from sglang_omni.pipeline.umm_config import UMMPipelineConfig
 from sglang_omni.runtime.request_ids import RequestIds
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 log = logging.getLogger("sglang_omni.orchestrator")
 

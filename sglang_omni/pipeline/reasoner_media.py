@@ -40,7 +40,7 @@ from sglang_omni.media.gather import read_all
 from sglang_omni.media.inline import InlinePayload
 from sglang_omni.pipeline.admission.media_budget import MediaReservation
 from sglang_omni.runtime.ipc import WireFrame
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 
 @dataclass

@@ -6,7 +6,7 @@ as bytes, never re-encoded as text. Each piece goes over a Unix stream socket as
 and its bytes; a frame is received straight into its own buffer (one copy out of the kernel).
 Sends are serialized by a lock so that a header and its frames stay together. :class:`Channel`
 (blocking, thread-safe sends, one reader thread) is the stage process's end; the server's end is
-:class:`~sglang_omni.runtime.stage_link.StageLink`, on the server's event loop, same wire and the
+:class:`~sglang_omni.runtime.stage.link.StageLink`, on the server's event loop, same wire and the
 same framing: both send what :func:`pack_message` and :func:`wire_pieces` give and put what
 arrives together with :class:`Incoming` (a header that is not one is a ``ProtocolError``).
 

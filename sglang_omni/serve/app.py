@@ -28,7 +28,7 @@ from sglang_omni.serve.bodies.body_budget import BodyBudget
 from sglang_omni.serve.bodies.typed_route import OmniRoute
 from sglang_omni.serve.chat.chat_routes import chat_routes
 from sglang_omni.serve.chat.interleaved_routes import interleaved_routes
-from sglang_omni.serve.direct.direct_routes import direct_routes
+from sglang_omni.serve.direct.routes import direct_routes
 from sglang_omni.serve.ops.docs import docs_router
 from sglang_omni.serve.ops.info_routes import add_server_info_route
 from sglang_omni.serve.ops.metrics import ServerMetrics

@@ -14,7 +14,7 @@ import pytest
 from sglang_omni.contract import messages as m
 from sglang_omni.contract.messages import ProtocolError, decode, encode
 from sglang_omni.runtime.ipc import Channel, Incoming, channel_pair, pack_message, wire_pieces
-from sglang_omni.runtime.stage_link import StageLink
+from sglang_omni.runtime.stage.link import StageLink
 
 SAMPLES: list[m.Message] = [
     m.Submit("r1", 1, {"messages": [{"role": "user", "content": "hi"}]}, 12.5,

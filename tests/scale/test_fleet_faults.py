@@ -207,5 +207,5 @@ def test_an_unhealthy_replica_is_passed_over_then_replaced(fleet: Fleet) -> None
                         timeout=30).status_code for _ in range(4)]
     assert codes == [200] * 4  # round robin passes the unhealthy replica over
     fleet.wait(lambda s: len(s) == 2 and sick_id not in {r["replica"] for r in s}
-               and all(r["health"] == "ok" for r in s), timeout=60,
+               and all(r["health"] == "ok" for r in s), timeout=150,  # a replica's start, loaded
                what="Ray replaced the unhealthy replica")

@@ -140,8 +140,9 @@ def test_a_request_no_replica_admits_waits_for_one(cluster: RayCluster,
         # held at the gateway until a long request ended, then admitted: no replica refused it
         assert code == 200 and waited > 1.0, (code, waited)
         assert refusals(fleet) == before
-    else:
-        assert code == 503 and waited < 2.0, (code, waited)
+    else:  # refused, not held: a held request would have been admitted once one ended (200),
+        # and the gateway's gauge never counted it (a loaded machine's 503 can take seconds)
+        assert code == 503 and waiting == [0.0], (code, waiting)
     for t in held:
         t.join()
 

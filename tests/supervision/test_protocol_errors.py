@@ -19,7 +19,7 @@ import pytest
 
 from sglang_omni.errors import ServerError
 from sglang_omni.runtime.ipc import Channel, channel_pair, pack_header
-from sglang_omni.runtime.stage_child import StageChild
+from sglang_omni.runtime.stage.child import StageChild
 from tests.supervision.test_heartbeat_media import RawStage, next_of
 from tests.supervision.test_wire_values import QUICK_S, chat, reasoner
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sglang_omni.contract.job import EngineSpec
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 from tests.generation.kit import native_server
 from tests.kit import script
 from tests.server import SCRIPTED_UMM, Server

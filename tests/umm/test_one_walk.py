@@ -17,7 +17,7 @@ import pytest
 from sglang_omni.config import load_config
 from sglang_omni.pipeline import reasoner_media, umm
 from sglang_omni.pipeline.chat_request import ChatRequest
-from sglang_omni.runtime import stage_handle
+from sglang_omni.runtime.stage import handle as stage_handle
 from sglang_omni.serve.app import create_app
 from sglang_omni.serve.chat import interleaved_routes
 from tests.umm.kit import final, image, script

@@ -12,7 +12,7 @@ import pytest
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.contract.result import StageResult
 from sglang_omni.errors import ServerError, StageCallError
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 
 def handle() -> StageHandle:

@@ -1,7 +1,7 @@
 """Watching the processes a native engine started: the first one to exit ends the wait.
 
 A native SGLang scheduler or detokenizer that exits leaves its engine unable to serve, so the
-stage reports the failure and stops (see ``stage_process``). Each watched process is a probe
+stage reports the failure and stops (see ``runtime.stage.process``). Each watched process is a probe
 returning None while it runs and its exit code once it has exited.
 """
 

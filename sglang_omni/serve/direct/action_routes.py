@@ -34,7 +34,7 @@ from sglang_omni.serve.bodies.msgpack_body import (
     with_native_arrays,
 )
 from sglang_omni.serve.bodies.multipart_body import MULTIPART
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.schemas.direct import ActionGenerationRequest
 from sglang_omni.serve.schemas.responses import ERRORS
 from sglang_omni.serve.wire.http_errors import CLIENT_CLOSED_REQUEST

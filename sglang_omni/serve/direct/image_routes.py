@@ -25,8 +25,8 @@ from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
 from sglang_omni.serve.bodies.body_formats import accepts
 from sglang_omni.serve.bodies.multipart_body import MULTIPART
-from sglang_omni.serve.direct.direct_context import DirectContext, single_media
-from sglang_omni.serve.direct.direct_fields import (
+from sglang_omni.serve.direct.context import DirectContext, single_media
+from sglang_omni.serve.direct.fields import (
     EDIT_FIELDS,
     IMAGE_FIELDS,
     check_image_format,

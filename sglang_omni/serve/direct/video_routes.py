@@ -23,8 +23,8 @@ from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_generation_media
 from sglang_omni.serve.bodies.body_formats import accepts
 from sglang_omni.serve.bodies.multipart_body import MULTIPART
-from sglang_omni.serve.direct.direct_context import DirectContext, single_media
-from sglang_omni.serve.direct.direct_fields import (
+from sglang_omni.serve.direct.context import DirectContext, single_media
+from sglang_omni.serve.direct.fields import (
     DEFAULT_SECONDS,
     VIDEO_FIELDS,
     flatten,
@@ -57,7 +57,7 @@ class VideoPlan:
 
 def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, Any]) -> VideoPlan:
     """The generation a video request asks for; 400 (media policy, options, limits) before any
-    work. ``fields``/``options`` are :func:`~sglang_omni.serve.direct.direct_fields.split`'s."""
+    work. ``fields``/``options`` are :func:`~sglang_omni.serve.direct.fields.split`'s."""
     named: dict[str, str] = {}  # reference -> the client's field that gave it
     for key in REFERENCES:
         ref = fields.get(key)

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 
 from sglang_omni.config.random_weights import RandomWeights
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.wire.responses import json_response
 
 #: The pinned native release (``pyproject.toml``'s ``native`` extra).

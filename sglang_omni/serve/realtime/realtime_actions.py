@@ -42,7 +42,7 @@ from sglang_omni.serve.direct.action_routes import (
     check_action,
     metadata_of,
 )
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.realtime.ws_messages import WS_INTERNAL_ERROR, close, decode, receive, send
 from sglang_omni.serve.wire.http_errors import GENERIC_500
 

@@ -55,8 +55,8 @@ from sglang_omni.media.decode import decode_mp4_frames
 from sglang_omni.media.encode import encode_png
 from sglang_omni.media.refs import iter_generation_media_refs
 from sglang_omni.pipeline.admission.realtime import SessionSlotTaken, session_chunks
-from sglang_omni.serve.direct.direct_context import DirectContext, single_media
-from sglang_omni.serve.direct.direct_fields import VIDEO_FIELDS, flatten, split
+from sglang_omni.serve.direct.context import DirectContext, single_media
+from sglang_omni.serve.direct.fields import VIDEO_FIELDS, flatten, split
 from sglang_omni.serve.direct.video_routes import VideoPlan, plan_video
 from sglang_omni.serve.realtime.ws_messages import (
     WS_NORMAL,

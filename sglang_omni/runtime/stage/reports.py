@@ -2,7 +2,7 @@
 
 A ``pong`` carries the stage's media counters (``media``), its engine's own counters
 (``engine``), what it keeps of its requests' media (``request_media``) and its device memory
-(``gpu``); see :mod:`sglang_omni.runtime.stage_process`. :meth:`StageReports.pong` takes one
+(``gpu``); see :mod:`sglang_omni.runtime.stage.process`. :meth:`StageReports.pong` takes one
 (ignoring what is malformed) and says whether the media counters moved (media arriving for a
 stage's jobs is a sign of progress). :meth:`StageReports.new_process` is called when a process
 of the stage starts: the counters of the process before are added to those kept so far, and what

@@ -1,6 +1,6 @@
 """The faults of a stage and what its requests are told: an exit, a stall, a hang, shutdown.
 
-``StageFaults`` is the part of :class:`~sglang_omni.runtime.stage_handle.StageHandle` that ends
+``StageFaults`` is the part of :class:`~sglang_omni.runtime.stage.handle.StageHandle` that ends
 calls because of the stage's process:
 
 * ``stall(silent_s)`` (no heartbeat answered for the stall timeout) and ``hang(silent_s)`` (no
@@ -25,8 +25,8 @@ from sglang_omni.contract.messages import Abort, ToStage
 from sglang_omni.errors import OmniError, StageDied
 
 if TYPE_CHECKING:
-    from sglang_omni.runtime.stage_calls import CallTable
-    from sglang_omni.runtime.stage_reports import StageReports
+    from sglang_omni.runtime.stage.calls import CallTable
+    from sglang_omni.runtime.stage.reports import StageReports
 
 log = logging.getLogger("sglang_omni.runtime")
 

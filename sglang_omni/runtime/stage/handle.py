@@ -1,15 +1,15 @@
 """The server's handle on one stage: launch, ready handshake, calls, aborts, faults, shutdown.
 
 Every call carries the request id and a fresh dispatch token; a message from the stage whose
-(rid, token) is not the pending call's is dropped (:mod:`sglang_omni.runtime.stage_calls`), so a
+(rid, token) is not the pending call's is dropped (:mod:`sglang_omni.runtime.stage.calls`), so a
 late, duplicated or forged result never advances a request. When the stage process dies, every
 pending call fails at once with ``StageDied`` and the handle reports unhealthy. At server
 shutdown ``end_calls`` fails them with the shutdown's error and aborts their jobs.
 
 A handle runs one process at a time: ``respawn()`` starts a fresh one after a death (the
 ``runtime.supervisor`` decides when), so ``orchestrator.stages[name]`` stays the same object.
-Each process has its own channel (:class:`~sglang_omni.runtime.stage_link.StageLink`) and exit
-watch (:class:`~sglang_omni.runtime.stage_child.StageChild`), tagged with a generation number;
+Each process has its own channel (:class:`~sglang_omni.runtime.stage.link.StageLink`) and exit
+watch (:class:`~sglang_omni.runtime.stage.child.StageChild`), tagged with a generation number;
 messages and the exit of an older process are ignored.
 
 Everything runs on the server's event loop, with no thread between a call and the stage's
@@ -66,16 +66,16 @@ from sglang_omni.runtime.ipc import (
     pack_header,
     pack_message,
 )
-from sglang_omni.runtime.stage_calls import (
+from sglang_omni.runtime.stage.calls import (
     CallTable,
     ChunkCallback,
     Pending,
     StageCounters,
 )
-from sglang_omni.runtime.stage_child import StageChild
-from sglang_omni.runtime.stage_faults import StageFaults
-from sglang_omni.runtime.stage_link import StageLink
-from sglang_omni.runtime.stage_reports import StageReports
+from sglang_omni.runtime.stage.child import StageChild
+from sglang_omni.runtime.stage.faults import StageFaults
+from sglang_omni.runtime.stage.link import StageLink
+from sglang_omni.runtime.stage.reports import StageReports
 
 log = logging.getLogger("sglang_omni.runtime")
 

@@ -1,7 +1,7 @@
 """One stage process as the server sees it: spawn, exit notice on the event loop, signals, and
 the process's temporary-file folder.
 
-:meth:`StageChild.spawn` starts ``stage_process.stage_main`` with the ``spawn`` method, pinned to
+:meth:`StageChild.spawn` starts ``stage.process.stage_main`` with the ``spawn`` method, pinned to
 its GPUs, with a fresh temporary-file folder (``scratch``), and returns the server's end of its
 channel. ``on_exit()`` is called on the loop once the process has exited, after it was reaped
 (``exitcode`` is then set): the loop's selector watches a pidfd (Linux 5.3 and later), so no
@@ -28,7 +28,7 @@ from sglang_omni.config.gpus import device_env
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.runtime.ipc import channel_pair
 from sglang_omni.runtime.proc import kill_led_group
-from sglang_omni.runtime.stage_process import stage_main
+from sglang_omni.runtime.stage.process import stage_main
 
 log = logging.getLogger("sglang_omni.runtime")
 
