@@ -21,11 +21,18 @@ from typing import Any
 
 import msgpack
 import pytest
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
 
 from sglang_omni.pipeline.admission.video_jobs import MAX_VIDEO_JOBS
-from tests.generation.kit import HTTP, error_of, metric, scripted_server, wait_for
+from tests.generation.kit import (
+    HTTP,
+    closed_code,
+    error_of,
+    metric,
+    recv,
+    scripted_server,
+    wait_for,
+    ws,
+)
 from tests.kit import job_counts
 from tests.kit import request_states as states
 from tests.server import Server
@@ -82,21 +89,6 @@ def at_rest(server: Server) -> None:
 
     wait_for(lambda: states(server) == 0, timeout=60)
     wait_for(ended, timeout=60)
-
-
-def ws(server: Server, path: str) -> ClientConnection:
-    return connect(server.url.replace("http", "ws") + path, open_timeout=10)
-
-
-def recv(conn: ClientConnection) -> dict[str, Any]:
-    return msgpack.unpackb(conn.recv(timeout=30), raw=False, strict_map_key=False)
-
-
-def closed_code(conn: ClientConnection) -> int | None:
-    with pytest.raises(ConnectionClosed) as closed:
-        while True:
-            conn.recv(timeout=30)
-    return closed.value.rcvd.code if closed.value.rcvd is not None else None
 
 
 @pytest.mark.parametrize(("route", "body", "other", "other_body"), [
