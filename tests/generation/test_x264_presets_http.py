@@ -144,14 +144,15 @@ def test_generate_refuses_it_in_stage_params_before_the_reasoner_runs() -> None:
         assert post_generate(umm, allowed).status_code == 200
 
 
-PROGRESS_S = 8
+PROGRESS_S = 15
 
 
 @pytest.mark.timeout(600)  # the encode alone takes minutes beside other work: its own bound
 def test_a_long_encode_is_not_taken_for_a_hung_engine() -> None:
     """An encode of several times the stage's progress timeout (x264's slowest preset, one
-    thread, 160 frames of 512x512; the timeout lowered to 8 s, which a loaded machine's late
-    heartbeats leave alone) completes: the encoder reports each frame and packet, so the stage
+    thread, 160 frames of 512x512: 29 s on an idle core; the timeout lowered to 15 s, which a
+    loaded machine's late heartbeats leave alone: at 8 s one packet of a loaded machine took
+    longer) completes: the encoder reports each frame and packet, so the stage
     is neither judged hung nor restarted. (Under the suite's 120 s a loaded machine's encode
     outlasted the test, and pytest-timeout ended its xdist worker.)"""
     with scripted_server("--server.allowed_x264_presets", "[medium, placebo]",

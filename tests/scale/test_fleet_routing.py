@@ -64,9 +64,14 @@ def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayClu
     busy = fleet.wait(lambda s: [r for r in s if r["in_flight"]], what="the long request")[0]
     assert busy["quote"]["refused"], busy["quote"]  # its stage is planned for 7 generations
     before = refusals(fleet)
-    answers = [httpx.post(f"{fleet.url}/generate", json={"prompt": ONE_IMAGE,
-                                                         "stage_params": GEN}, timeout=60)
-               for _ in range(4)]  # each while the long request runs
+    answers = []
+    for _ in range(4):  # each once the other replica let the last one go (a loaded machine's
+        # release lags its answer: the next request was planned behind it, and refused there too)
+        fleet.wait(lambda s: not any(r["in_flight"] or r["planned_in_flight"] for r in s
+                                     if r["replica"] != busy["replica"]),
+                   what="the other replica idle")
+        answers.append(httpx.post(f"{fleet.url}/generate", json={"prompt": ONE_IMAGE,
+                                                                 "stage_params": GEN}, timeout=60))
     if [a.status_code for a in answers] != [200] * 4:  # the whole story, not truncated
         pytest.fail(f"answers {[a.status_code for a in answers]}: "
                     f"{[a.text for a in answers if a.status_code != 200]}; "

@@ -53,13 +53,13 @@ async def _walk(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[Any]]:
         made.append(payload)
         return await prepare(self, handle, payload, frames)
 
-    def spy_pack(header: dict[str, Any], frames: Any) -> Any:
-        sent = header["payload"]
+    def spy_pack(message: Any, frames: Any) -> Any:
+        sent = message.payload  # a typed Submit (contract.messages)
         kind = sent.get("modality", "reasoner")
         if kind == "reasoner":  # the payload the adapter built, not a copy of it
             kind += " (the adapter's payload)" if sent is made[-1] else " (a copy)"
         walk.append(f"msgpack {kind}")
-        return pack(header, frames)
+        return pack(message, frames)
 
     monkeypatch.setattr(interleaved_routes, "set_fields", spy_fields)
     monkeypatch.setattr(ChatRequest, "__init__", spy_init)
