@@ -24,15 +24,18 @@ def sgl_omni(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
                           text=True, timeout=timeout)
 
 
-def list_replicas(address: str, expected: int,
-                  within_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """``sgl-omni replicas`` until it lists ``expected`` answering replicas (a loaded machine
-    may be slow to answer) or ``within_s`` passes; the last run either way."""
+def list_replicas(address: str, expected: int, within_s: float = 60,
+                  showing: str = "") -> subprocess.CompletedProcess[str]:
+    """``sgl-omni replicas`` until it lists ``expected`` replicas, each answering ok, with
+    ``showing`` in its output (a loaded machine may be slow to answer a fleet read, and a
+    replica's stats lag its answers) or ``within_s`` passes; the last run either way."""
     deadline = time.monotonic() + within_s
     while True:
         listed = sgl_omni("replicas", "--ray-address", address)
         lines = listed.stdout.strip().splitlines()
-        if (listed.returncode == 0 and len(lines) == expected) or time.monotonic() > deadline:
+        if (listed.returncode == 0 and len(lines) == expected
+                and all(" ok: " in line for line in lines) and showing in listed.stdout) \
+                or time.monotonic() > deadline:
             return listed
         time.sleep(1)
 
@@ -77,10 +80,11 @@ def test_serve_ray_joins_the_cluster_and_cleans_up(cluster) -> None:  # type: ig
                                  {"action": "final", "text": "ok"}),
                 "stage_params": {"generation": {"width": 32, "height": 32}}}
         assert httpx.post(f"{cluster.url}/generate", json=body, timeout=30).status_code == 200
-        listed = list_replicas(cluster.address, expected=2)
+        listed = list_replicas(cluster.address, expected=2, showing="generations 1")
         lines = listed.stdout.strip().splitlines()
         assert listed.returncode == 0 and len(lines) == 2, listed.stdout + listed.stderr
-        assert all(" ok: " in line for line in lines) and "generations 1" in listed.stdout
+        assert all(" ok: " in line for line in lines) and "generations 1" in listed.stdout, \
+            listed.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
