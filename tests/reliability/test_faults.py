@@ -176,11 +176,19 @@ def counted_problem(server: TrackedServer, stage: str, before: float, log_from: 
     return None
 
 
+def plan_phases(server: TrackedServer) -> Counter[str]:
+    """How many requests of ``/v1/queue``'s plan are in each phase."""
+    return Counter(p["phase"] for p in httpx.get(f"{server.url}/v1/queue", timeout=10)
+                   .json()["plan"])
+
+
 def at_their_stages(kind: str, stage: str, server: TrackedServer,
                     before: dict[tuple[str, str], float]) -> bool:
     """Whether every request of :func:`in_flight` (or the video job) holds its stage: each
-    Reasoner turn started, and on the interleaved server the held generations are running or
-    queued for the stage (``/v1/queue``), so that the fault fails each of them."""
+    Reasoner turn started, and on the interleaved server the held generations are running,
+    paused or queued for the stage (``/v1/queue``), so that the fault fails each of them. (The
+    requests' Reasoner turns end in any order, so an older request's generation may arrive
+    second and pause the younger one's: a paused generation is held by the stage too.)"""
     now = job_counts(server.server)
 
     def started(name: str) -> float:
@@ -191,10 +199,9 @@ def at_their_stages(kind: str, stage: str, server: TrackedServer,
     if kind == "chat":
         return started("reasoner") == 2
     held_in_reasoner = 3 if stage == "reasoner" else 0
-    phases = Counter(p["phase"] for p in httpx.get(f"{server.url}/v1/queue", timeout=10)
-                     .json()["plan"])
+    phases = plan_phases(server)
     return started("reasoner") == 3 + held_in_reasoner and started("generation") >= 1 \
-        and phases["generating"] + phases["queued"] == 3 \
+        and phases["generating"] + phases["paused"] + phases["queued"] == 3 \
         and phases["reasoning"] == held_in_reasoner
 
 
@@ -205,7 +212,8 @@ def fault(kind: str, server: TrackedServer, stage: str, sig: signal.Signals) -> 
     threads = [r.start(server.url) for r in requests]
     video_id = start_video_job(server) if kind == "direct" else None
     reached = wait_until(lambda: at_their_stages(kind, stage, server, before), timeout=60)
-    assert reached, f"the requests never all reached their stages: {job_counts(server.server)}"
+    assert reached, ("the requests never all reached their stages: "
+                     f"{job_counts(server.server)}, plan {plan_phases(server)}")
     assert all(r.ended is None for r in requests), [(r.label, r.status, r.text[:200])
                                                      for r in requests if r.ended is not None]
     pid = server.server.stage_pid(stage)
