@@ -88,7 +88,10 @@ def at_rest(server: Server) -> None:
                                                ("completed", "failed", "aborted"))
 
     wait_for(lambda: states(server) == 0, timeout=60)
-    wait_for(ended, timeout=60)
+    try:
+        wait_for(ended, timeout=60)
+    except AssertionError:
+        raise AssertionError(f"the stage's jobs did not all end: {job_counts(server)}") from None
 
 
 @pytest.mark.parametrize(("route", "body", "other", "other_body"), [

@@ -13,6 +13,8 @@ from multiprocessing.process import BaseProcess
 
 import psutil
 
+from sglang_omni.aio.wait import wait_set
+
 ExitProbe = Callable[[], int | None]
 #: Exit code reported for a process whose code cannot be read (not our child, or reaped).
 UNKNOWN_EXIT = -1
@@ -70,7 +72,4 @@ async def first_exit(probes: Mapping[str, ExitProbe], poll_s: float = 0.2,
         if wake is None:
             await asyncio.sleep(poll_s)
         else:
-            try:
-                await asyncio.wait_for(wake.wait(), poll_s)
-            except TimeoutError:
-                pass
+            await wait_set(wake, poll_s)

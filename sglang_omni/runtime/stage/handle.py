@@ -275,7 +275,8 @@ class StageHandle(StageFaults):
         # counted from the spawn (the server may spawn its stages well before it waits)
         left = self.startup_timeout_s - (time.monotonic() - self._spawned_at)
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready_future), max(0.0, left))
+            async with asyncio.timeout(max(0.0, left)):  # a cancellation always propagates
+                await asyncio.shield(self._ready_future)
             if self._ready_after is not None and self._ready_after > self.startup_timeout_s:
                 raise TimeoutError
         except TimeoutError:
