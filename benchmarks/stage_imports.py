@@ -4,7 +4,7 @@ interpreter under ``python -X importtime``, and the imports are summed per top-l
 
 Phases, in the order a stage process runs them:
 
-* ``stage_module_s``: importing ``sglang_omni.runtime.stage_process`` (what the spawned process
+* ``stage_module_s``: importing ``sglang_omni.runtime.stage.process`` (what the spawned process
   imports before it reads its spec);
 * ``engine_module_s``: ``build_engine`` (the backend's engine module and its constructor);
 * ``engine_start_s``: ``await engine.start()`` (hf: the libraries, the checkpoint's load and, on a
@@ -38,14 +38,15 @@ LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
 PROBE = """
 import time
 t0 = time.perf_counter()
-import sglang_omni.runtime.stage_process
+import sglang_omni.runtime.stage.process
 t1 = time.perf_counter()
 import asyncio, json
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.engines.base import build_engine
+from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 spec = EngineSpec(stage={stage!r}, role={stage!r}, backend={backend!r}, model_path={path!r},
                   gpu=None, gpu_memory_fraction=None, factory={{}}, engine={{}},
-                  umm_adapter="sglang_omni.models.cosmos3.adapter:Cosmos3UMMAdapter")
+                  umm_adapter=Cosmos3UMMAdapter)
 t2 = time.perf_counter()
 engine = build_engine(spec)
 t3 = time.perf_counter()

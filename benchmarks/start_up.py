@@ -4,7 +4,7 @@ Starts ``sgl-omni serve`` (``python -m sglang_omni``) again and again, alternati
 servers so both see the same machine load, and reads where each second went:
 
 * ``ready_s``: the server process started -> ``/health`` answered 200;
-* per stage, from the stage's ready log line (``runtime/stage_process.py``): ``spawn_at_s`` (the
+* per stage, from the stage's ready log line (``runtime/stage/process.py``): ``spawn_at_s`` (the
   stage process started, seconds after the server did), ``before_engine_s`` (its own spawn and
   imports until its engine is built) and ``engine_start_s`` (the engine's start: imports, load,
   warm-up); for the hf backend also ``load_s`` (the engine's own "loaded ... in X s") and,

@@ -55,7 +55,8 @@ TOP_LEVEL_HELP = {
     "model_packages": "importable modules (a list, or one name) of model packages outside Omni, "
                       "imported once before `config_cls` is resolved: each registers its "
                       "pipeline config classes (see [Model packages](#model-packages)); the "
-                      "built-in Cosmos3 pipelines need none",
+                      "built-in Cosmos3 pipelines and installed packages that declare a "
+                      "`sglang_omni.models` entry point need none",
 }
 STAGE_HELP = {
     "gpu": "a visible GPU index, or `null` for the CPU (scripted and hf backends)",
@@ -152,13 +153,28 @@ def configuration() -> str:
     out += ["", "## Model packages\n",
             "A pipeline config class belongs to a model package, which registers it when "
             "imported (`@register_pipeline` from `sglang_omni.config.schema`) and names the "
-            "model it serves (`model = ...`, a `sglang_omni.contract.model.ServedModel`: the "
-            "model's generation defaults and limits and its action route, which the HTTP layer "
-            "applies). Config loading imports the built-in models (`sglang_omni.models`) and "
-            "then each module of `model_packages`, once, and resolves `config_cls` among the "
-            "classes they registered. For example `tests/toy_model/toy-umm-scripted.yaml` "
-            "serves the toy model of `tests/toy_model` (its own adapter, prompts and limits) "
-            "through the same routes:", "", "```yaml", "model_packages: [tests.toy_model]",
+            "model it serves (`model = ...`, a `sglang_omni.contract.model.ServedModel`, which "
+            "implements the `sglang_omni.config.model_protocols.ModelProtocol` the slot is "
+            "typed by: the model's generation defaults and limits and its action route, which "
+            "the HTTP layer applies). Config loading loads the model packages' entry points "
+            "(the `sglang_omni.models` group, the built-in Cosmos3 first) and then imports "
+            "each module of `model_packages`, once each, and resolves `config_cls` among the "
+            "classes they registered.", "",
+            "An installed model package registers by an entry point naming the module whose "
+            "import registers its pipelines, in its `pyproject.toml` (Omni's own declares "
+            "`cosmos3 = \"sglang_omni.models.cosmos3\"`):", "",
+            "```toml", "[project.entry-points.\"sglang_omni.models\"]",
+            "mymodel = \"mypackage.models\"", "```", "",
+            "Once it is installed (`pip install .`), a config needs only its `config_cls`. An "
+            "entry point that fails to load is a configuration error naming it (exit 2). The "
+            "built-in model loads even where the installed metadata predates its entry point "
+            "(an older editable install). The tests register `tests/toy_model` this way without "
+            "installing it: `tests/toy_model/distribution.py` writes its `.dist-info` folder "
+            "onto the server's `PYTHONPATH`.", "",
+            "A package that is not installed is named by `model_packages` instead. For example "
+            "`tests/toy_model/toy-umm-scripted.yaml` serves the toy model of `tests/toy_model` "
+            "(its own adapter, prompts and limits) through the same routes:", "", "```yaml",
+            "model_packages: [tests.toy_model]",
             "config_cls: ToyUMMPipelineConfig", "```", "",
             "Served from the repository root:", "",
             "```bash runnable=serve",
@@ -169,7 +185,7 @@ def configuration() -> str:
             "script has no current directory on its path); one that is not a module name, "
             "cannot be imported or fails as it is imported is a configuration error (exit 2).",
             "",
-            "Every process that loads the config imports them: the server and its stage "
+            "Every process that loads the config loads them: the server and its stage "
             "processes, and with `--ray` every Ray node that runs a replica, so install a model "
             "package in each node's environment (or ship it with Ray's `runtime_env`).", ""]
     out += ["## Pipelines and their stages\n"]

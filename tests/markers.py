@@ -2,7 +2,7 @@
 
 A test is a server test when the code it runs, its own or a fixture's, starts a process: it
 refers to :class:`tests.server.Server` (an ``sgl-omni serve`` process) or starts a
-:class:`~sglang_omni.runtime.stage_handle.StageHandle` (a stage process), directly or through
+:class:`~sglang_omni.runtime.stage.handle.StageHandle` (a stage process), directly or through
 helpers, fixtures and classes of the test packages. The scan reads the names each function's
 code uses (nested functions and lambdas included) and resolves them in its module, so a new test
 is marked without a list to keep. ``tests.server`` checks the rule at run time: a test without
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 from tests.server import Server
 
 #: Methods that spawn a stage process, counted when the same code also reaches a StageHandle.

@@ -7,6 +7,19 @@ current directory on its path, so a model package in the directory it is run fro
 documented ``tests.toy_model`` from a checkout's root) was not found, while ``python -m
 sglang_omni`` found it. A module that fails while it is imported is a configuration error too
 (its message named; import it in Python to see its traceback).
+
+Model packages are found first by entry point: every distribution on the import path may
+declare, in its group ``sglang_omni.models`` (:data:`GROUP`), entry points each naming a module
+whose import registers its pipelines (``[project.entry-points."sglang_omni.models"]`` in its
+``pyproject.toml``). Omni's own ``pyproject.toml`` declares the built-in model that way
+(:data:`BUILT_IN`). The built-in is loaded even when the installed metadata lacks its entry point
+(an install from before it, an editable install not reinstalled since): :func:`model_entry_points`
+always lists :data:`BUILT_IN` first, then every other distribution's entry points by name.
+
+This module is the one place in Omni that imports code by a name it does not spell out: the
+entry points, the config's ``model_packages`` and, for tests, the diffusion driver
+:func:`load_named` loads. Everywhere else an import is a literal ``import`` statement, which the
+import-graph test sees (tests/foundation/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -14,9 +27,51 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from importlib.metadata import EntryPoint, distributions
 from types import ModuleType
+from typing import Any
 
 from sglang_omni.errors import ConfigError
+
+#: The entry point group of model packages.
+GROUP = "sglang_omni.models"
+#: The built-in model's entry point, as Omni's pyproject.toml declares it.
+BUILT_IN = EntryPoint(name="cosmos3", value="sglang_omni.models.cosmos3", group=GROUP)
+
+
+def model_entry_points(path: list[str] | None = None) -> list[EntryPoint]:
+    """The ``sglang_omni.models`` entry points of the distributions on ``path`` (default: the
+    import path): :data:`BUILT_IN` first, whether or not its distribution's metadata declares it,
+    then the others sorted by name, each module once."""
+    found = {BUILT_IN.value: BUILT_IN}
+    dists = distributions(path=path) if path is not None else distributions()
+    others = sorted((ep for dist in dists for ep in dist.entry_points if ep.group == GROUP),
+                    key=lambda ep: (ep.name, ep.value))
+    for ep in others:
+        found.setdefault(ep.value, ep)
+    return list(found.values())
+
+
+def load_entry_point(ep: EntryPoint) -> Any:
+    """Load ``ep`` (import the module it names, which registers its pipelines); ConfigError
+    naming the entry point when that fails."""
+    try:
+        return ep.load()
+    except Exception as exc:  # noqa: BLE001 - a model package's own code failed as imported
+        raise ConfigError(
+            f"the {GROUP} entry point {ep.name} = {ep.value} failed to load "
+            f"({type(exc).__name__}: {exc}); fix or uninstall the distribution that declares it "
+            f"(python -c 'import {ep.module}' shows where)") from exc
+
+
+def load_named(target: str) -> Any:
+    """The attribute a "module:attribute" string names (a dotted attribute path too); the
+    caller names what it is for in its own errors."""
+    module, _, name = target.partition(":")
+    found: Any = importlib.import_module(module)
+    for attr in filter(None, name.split(".")):
+        found = getattr(found, attr)
+    return found
 
 
 def check_module_name(name: object) -> str:

@@ -6,11 +6,15 @@ Files and flags may change a declared stage's fields; they can never add or remo
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from sglang_omni.config.model_imports import import_model_package
+from sglang_omni.config.model_imports import (
+    import_model_package,
+    load_entry_point,
+    model_entry_points,
+)
+from sglang_omni.config.model_protocols import DecisionRenderer, ModelProtocol
 from sglang_omni.config.server import ServerSettings
 from sglang_omni.errors import ConfigError
 
@@ -163,10 +167,10 @@ class PipelineConfig:
 
     stage_specs: ClassVar[tuple[StageSpec, ...]] = ()
     mode: ClassVar[str] = ""
-    #: The model this pipeline serves: a ``contract.model.ServedModel`` (its generation limits,
-    #: defaults and action handling), which the HTTP layer asks instead of importing the model
-    #: package; None: the generic defaults.
-    model: ClassVar[Any] = None
+    #: The model this pipeline serves (:class:`~.model_protocols.ModelProtocol`: in practice a
+    #: ``contract.model.ServedModel``, with its generation limits, defaults and action handling),
+    #: which the HTTP layer asks instead of importing the model package; None: the generic one.
+    model: ClassVar[ModelProtocol | None] = None
     #: The pipeline ``--text-only`` selects (the first registered one that says so).
     text_only: ClassVar[bool] = False
 
@@ -179,19 +183,20 @@ class PipelineConfig:
         """Cross-field checks of a resolved config; raise ConfigError naming key and fix."""
 
     @classmethod
-    def umm_adapter(cls) -> str | None:
-        """The pipeline's UMM adapter as an import string "module:Class", which its stage
-        engines get at start-up (``EngineSpec.umm_adapter``); None when it has none."""
+    def umm_adapter(cls) -> DecisionRenderer | None:
+        """The pipeline's UMM adapter class, whose decision format its stage engines write
+        (:class:`~.model_protocols.DecisionRenderer`; given at start-up as
+        ``EngineSpec.umm_adapter``); None when it has none."""
         return None
 
 
-#: The package whose import registers the built-in models: each model package registers its
-#: pipeline config classes (``register_pipeline``) when imported. Config names no model; a
-#: model package outside Omni is named by the config's ``model_packages``.
-BUILT_IN_MODELS = "sglang_omni.models"
-
+#: The model packages register their pipeline config classes (``register_pipeline``) when
+#: imported. Config names no model: they are found by their ``sglang_omni.models`` entry points
+#: (the built-in one always, :mod:`.model_imports`), and a config may name more modules in its
+#: ``model_packages``.
 _REGISTRY: dict[str, type[PipelineConfig]] = {}
 _LOADED: set[str] = set()
+_ENTRY_POINTS_LOADED = False
 
 
 def register_pipeline(cls: type[PipelineConfig]) -> type[PipelineConfig]:
@@ -202,17 +207,21 @@ def register_pipeline(cls: type[PipelineConfig]) -> type[PipelineConfig]:
 
 
 def load_model_packages(packages: tuple[str, ...] | list[str] = ()) -> None:
-    """Import the built-in models and each module of ``packages`` (``model_packages``), once
-    each: importing one registers its pipelines. ConfigError names a module that is not a
+    """Load the model packages' entry points (once per process: the built-in first) and import
+    each module of ``packages`` (``model_packages``), once each: loading one registers its
+    pipelines. ConfigError names an entry point that fails to load, and a module that is not a
     module name, cannot be imported or fails as it is (:mod:`.model_imports`)."""
-    for name in (BUILT_IN_MODELS, *packages):
-        if name in _LOADED:
-            continue
-        if name == BUILT_IN_MODELS:
-            importlib.import_module(name)
-        else:
+    global _ENTRY_POINTS_LOADED
+    if not _ENTRY_POINTS_LOADED:
+        for ep in model_entry_points():
+            if ep.value not in _LOADED:
+                load_entry_point(ep)
+                _LOADED.add(ep.value)
+        _ENTRY_POINTS_LOADED = True
+    for name in packages:
+        if name not in _LOADED:
             import_model_package(name)
-        _LOADED.add(name)
+            _LOADED.add(name)
 
 
 def pipeline_class(name: str,

@@ -11,7 +11,12 @@ what the server asks of a model.
 * ``actions``: the native action route's fields and checks, as an engine sees them.
 * ``model``: the ``ServedModel`` interface a model package provides (its limits, defaults and
   action request handling), which the HTTP layer asks of the configured pipeline.
-* ``random_weights``: the note a checkpoint builder leaves in a random-weight checkpoint.
+* ``encoding_settings``: the generation stage's x264 factory options and the encoding an
+  engine reads from them (a model's pipeline declares them; engines read them).
+* ``parallelism``: which native server arguments spread a generation over several GPUs.
+* ``messages``: the stage wire's messages, one type per operation, and their one codec
+  (``encode``, ``decode``: a message that fails to decode is a ``ProtocolError`` naming its
+  field).
 
 It imports only ``errors``, ``media`` and ``config``; engines, the runtime, the pipeline, the
 model packages and the HTTP layer all sit above it.

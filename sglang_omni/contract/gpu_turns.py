@@ -25,12 +25,13 @@ are then no longer counted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
+
+from sglang_omni.aio.wait import wait_set
 
 log = logging.getLogger("sglang_omni.stage")
 
@@ -214,8 +215,7 @@ class GpuTurns:
                 waited = True
                 if turn.cancelled.is_set():
                     raise asyncio.CancelledError()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), WAIT_POLL_S)
+                await wait_set(woken, WAIT_POLL_S)  # a cancellation here always propagates
                 woken.clear()
         except BaseException:
             self.leave(turn)

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sglang_omni.config.model_protocols import DecisionRenderer
 from sglang_omni.contract.gpu_turns import Turn
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import BadRequest
@@ -148,6 +149,7 @@ class EngineSpec:
     factory: dict[str, Any]
     engine: dict[str, Any]
     media_policy: dict[str, Any] = field(default_factory=dict)
-    #: The pipeline's UMM adapter as an import string "module:Class" (a reasoner serializes
-    #: decisions in its format); None when the pipeline has none (text chat, direct generation).
-    umm_adapter: str | None = None
+    #: The pipeline's UMM adapter class (a reasoner serializes decisions in its format, through
+    #: ``config.model_protocols.DecisionRenderer``; pickled by reference for spawn); None when
+    #: the pipeline has none (text chat, direct generation).
+    umm_adapter: DecisionRenderer | None = None

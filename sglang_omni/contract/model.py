@@ -1,4 +1,5 @@
-"""``ServedModel``: what the HTTP layer asks of the model it serves.
+"""``ServedModel``: what the HTTP layer asks of the model it serves (the generic model, which
+implements ``config.model_protocols.ModelProtocol``, the pipeline config's ``model`` slot).
 
 A model package (``sglang_omni.models.cosmos3``, or one outside Omni named by the config's
 ``model_packages``) sets its pipeline config classes' ``model`` to an instance; the routes reach

@@ -5,7 +5,8 @@ backends. The contract (documented in the README) is fixed; tests rely on it.
 
 Reasoner: the first user message may hold ``<omni-script>JSON list</omni-script>``. Turn i
 (``payload["turn_index"]``) answers with entry i: an object is a decision, serialized by the
-pipeline's UMM adapter (``EngineSpec.umm_adapter``, given at stage start-up); a string is
+pipeline's UMM adapter (``EngineSpec.umm_adapter``, given at stage start-up: a
+``config.model_protocols.DecisionRenderer``); a string is
 returned verbatim. ``delay_s`` simulates Reasoner time. In a ``text`` value ``{media}`` becomes
 the JSON list of ``{"kind", "sha256"}`` of every image and video in the turn's conversation,
 ``{last}`` the text of the last message and ``{sampling}`` the sampling fields the turn
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -66,12 +66,14 @@ from typing import Any, cast
 import anyio
 import psutil
 
+from sglang_omni.config.model_protocols import DecisionRenderer
 from sglang_omni.contract.actions import (
     action_envelope,
     action_fields,
     action_prompt,
     plan_action,
 )
+from sglang_omni.contract.encoding_settings import video_encoding
 from sglang_omni.contract.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -88,7 +90,6 @@ from sglang_omni.contract.payloads import (
     ReasonerResult,
 )
 from sglang_omni.contract.result import StageResult
-from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, psutil_probe
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.engines.synth_media import frame_pixels
@@ -219,23 +220,12 @@ def _refusal(entry: dict[str, Any]) -> NativeRefusal:
     return NativeRefusal(str(error.get("message", "scripted refusal")), status)
 
 
-def _load_adapter(path: str | None) -> Any:
-    """The class an import string "module:Class" names (a dotted class path too), or None."""
-    if not path:
-        return None
-    module, _, name = path.partition(":")
-    target: Any = importlib.import_module(module)
-    for attr in name.split("."):
-        target = getattr(target, attr)
-    return target
-
-
 class ScriptedReasoner:
     """Deterministic Reasoner; see the module docstring for the contract."""
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
-        self.adapter = _load_adapter(spec.umm_adapter)
+        self.adapter: DecisionRenderer | None = spec.umm_adapter
         self.policy = policy_from_spec(spec.media_policy)
         self.server_args = resolve_server_args(spec)
         self.stops_server_on_exit = bool(spec.factory.get("native_lifecycle"))

@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sglang_omni.aio.threads import Threads
 from sglang_omni.contract.job import Job
 from sglang_omni.media.encode import Mp4Encoder, Progress, VideoEncoding
 
@@ -45,6 +45,9 @@ def encode_progress(job: Job) -> Progress:
 
 
 _ABANDON = object()
+#: The encoders' threads: each ends with its encode (``result``, ``abandon``); the stage joins
+#: them as it exits, abandoning those still running (``aio.threads.join_all``).
+ENCODERS = Threads("video encoders")
 
 
 class StreamingMp4:
@@ -70,8 +73,7 @@ class StreamingMp4:
         self._done: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         self._finished_at: float | None = None
         self._encoder_args = (width, height, fps, encoding, sample_rate, sound_channels)
-        self._thread = threading.Thread(target=self._work, name=f"mp4-{job.rid}", daemon=True)
-        self._thread.start()
+        self._thread = ENCODERS.start(self._work, name=f"mp4-{job.rid}", stop=self.abandon)
 
     def add(self, frames: Any) -> None:
         """Queue the next batch of frames (a no-op once the encode failed or was dropped)."""

@@ -8,7 +8,8 @@
 * :mod:`.verify`: whether a medium's bytes are what they claim (parsed: inline media at
   admission, remote media once fetched);
 * :mod:`.resolve`, :mod:`.addresses`: resolve-once, public-address checks, pinned connections;
-* :mod:`.workdir`: :class:`RequestMediaDir`, the per-request temp folder;
+* :mod:`.workdir`: :class:`RequestMediaDir`, the per-request temp folder (and
+  :class:`LazyMediaDir`, one made only when something is written);
 * :mod:`.urls`, :mod:`.local`, :mod:`.inline`: the syntax rules for each kind of reference.
 """
 
@@ -28,7 +29,7 @@ from sglang_omni.media.refs import (
     iter_chat_media_refs,
     iter_generation_media_refs,
 )
-from sglang_omni.media.workdir import RequestMediaDir
+from sglang_omni.media.workdir import LazyMediaDir, RequestMediaDir
 
 __all__ = [
     "NATIVE_MEDIA_URL_MAX_FILE_SIZE_MB",
@@ -37,6 +38,7 @@ __all__ = [
     "MediaPolicy",
     "MediaSource",
     "RemoteMedia",
+    "LazyMediaDir",
     "RequestMediaDir",
     "check_chat_request",
     "check_generation_media",

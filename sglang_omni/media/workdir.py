@@ -148,3 +148,33 @@ class RequestMediaDir:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class LazyMediaDir:
+    """A :class:`RequestMediaDir` made only when something is written (:meth:`get`): most
+    Reasoner turns read every medium from the frames their stage holds and write nothing, so
+    they make no folder. ``with`` it: the folder, if made, is removed when the block ends."""
+
+    def __init__(self) -> None:
+        self._dir: RequestMediaDir | None = None
+
+    @property
+    def made(self) -> bool:
+        """Whether the folder was made."""
+        return self._dir is not None
+
+    def get(self) -> RequestMediaDir:
+        """The folder, made now if it was not yet."""
+        if self._dir is None:
+            self._dir = RequestMediaDir()
+        return self._dir
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.close()
+
+    def __enter__(self) -> LazyMediaDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,7 +1,9 @@
 """``ChatRequest``: a checked chat request, as the orchestrator takes it.
 
 The wire (``serve.chat_request``) parses and checks a request body into one; the pipeline
-only reads it.
+only reads it. It is also the interleaving controller's ``UMMRequest`` (``pipeline.umm``): the
+route adds what admission measured (:meth:`ChatRequest.admitted`) and hands the same object on,
+so no copy of the client's fields is made between the wire and the adapter.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ OUTPUT_FIELDS = ("skip_special_tokens",)
 
 @dataclass
 class ChatRequest:
-    """A checked chat request. ``sampling`` holds only the fields the client set."""
+    """A checked chat request. ``sampling`` holds only the fields the client set; the dicts
+    are the client's, by stage name, and ``messages`` is the client's conversation (chat media
+    stay references, checked by the media policy). Read-only once the route admitted it."""
 
     messages: list[dict[str, Any]]
     stream: bool = False
@@ -45,6 +49,24 @@ class ChatRequest:
     stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The server's media policy (interleaved requests: the adapter checks generation media
+    #: options with it); None where nothing checks media.
+    media_policy: Any = None
+    #: ``history_bytes(messages)`` when the caller measured it already (off the event loop).
+    history_size: int | None = None
+    #: Seconds the request waited before it reached this server (a fleet gateway's queue): its
+    #: deadline (``timeout_s``) counts from its arrival there.
+    waited_s: float = 0.0
+
+    def admitted(self, rid: str, *, media_policy: Any = None, history_size: int | None = None,
+                 waited_s: float = 0.0) -> ChatRequest:
+        """This request with its claimed ``rid`` and what admission measured set (in place:
+        the same object goes on to the controller as its ``UMMRequest``)."""
+        self.rid = rid
+        self.media_policy = media_policy
+        self.history_size = history_size
+        self.waited_s = waited_s
+        return self
 
 
 def check_stage_names(key: str, table: Iterable[str], stages: tuple[str, ...]) -> None:

@@ -1,12 +1,12 @@
 """The orchestrator: owns every request's state in the server process and drives the stages.
 
 Stage processes are executors; the orchestrator starts them, hands out request ids, applies the
-media policy and admission, and routes each request by the pipeline's mode. Interleaved
-requests are run by the UMM controller. When any stage process dies, every admitted
-interleaved request fails at once with ``StageDied``, whichever stage it is waiting on (a
-Reasoner turn, the generation queue or a generation). Server shutdown ends the requests still
-running the same way, after its grace period (:meth:`Orchestrator.drain`): each fails with
-``ShuttingDown`` (503) and its stage job is aborted.
+media policy and admission (``pipeline.admission``), and routes each request by the pipeline's
+mode: interleaved requests are run by the UMM controller, direct ones by ``pipeline.direct``.
+When any stage process dies, every admitted interleaved request fails at once with
+``StageDied``, whichever stage it is waiting on (a Reasoner turn, the generation queue or a
+generation). Server shutdown ends the requests still running the same way, after its grace
+period (:meth:`Orchestrator.drain`): each fails with ``ShuttingDown`` (503), its job aborted.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from sglang_omni.errors import (
 from sglang_omni.media import MediaPolicy
 from sglang_omni.media.refs import GENERATION_MEDIA_KEYS
 from sglang_omni.media.settings import policy_from_spec
-from sglang_omni.pipeline.chat_admission import ChatAdmission
+from sglang_omni.pipeline.admission import ChatAdmission, MediaBudget, check_max_active
+from sglang_omni.pipeline.admission.media_budget import refs_worst_case, worst_case_bytes
 from sglang_omni.pipeline.chat_request import ChatRequest, merged_sampling, sampling_layers
-from sglang_omni.pipeline.media_budget import MediaBudget, refs_worst_case, worst_case_bytes
+from sglang_omni.pipeline.direct import DirectGenerations
 from sglang_omni.pipeline.observe import NoObserver, PipelineObserver
 from sglang_omni.pipeline.progress import RunProgress
 from sglang_omni.pipeline.reasoner_media import ReasonerMedia
@@ -56,7 +57,7 @@ from sglang_omni.pipeline.umm import (
 )
 from sglang_omni.pipeline.umm_config import UMMPipelineConfig
 from sglang_omni.runtime.request_ids import RequestIds
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 log = logging.getLogger("sglang_omni.orchestrator")
 
@@ -88,7 +89,7 @@ class Orchestrator:
         self.ids = RequestIds()
         #: Every request's state (``pipeline.request_state``): opened by :meth:`request`,
         #: released by :meth:`_release` when its ``async with`` ends, and only then.
-        self.states = RequestStates(self._release, self._answered)
+        self.states = RequestStates(self._release, self.end_admission)
         #: Told about turn and generation times and admission refusals (the server's metrics).
         self.observer: PipelineObserver = NoObserver()
         #: True from construction until every stage answered ready once (``/health`` then says
@@ -99,6 +100,8 @@ class Orchestrator:
         if self.mode == "chat":
             self.chat_admission = ChatAdmission.from_engine(
                 "reasoner", config.stage("reasoner").engine)
+        #: The direct routes' door to the generation stage (direct generation only).
+        self.direct = DirectGenerations(self) if self.mode == "generation" else None
         #: Set when a stage whose engine stops the server on exit died; ``on_fatal`` (set by
         #: ``serve.startup``) then stops the server, which exits non-zero.
         self.fatal_error: str | None = None
@@ -374,12 +377,10 @@ class Orchestrator:
         state.claim(rid)
         return rid
 
-    def _answered(self, state: RequestState) -> None:
-        """End what counts ``state`` against admission: its chat ticket, its place in the
-        deadline plan and its bytes in the client media budget (idempotent). Run as its
-        response's last byte goes out (``admitted`` no longer counts it from then, and a
-        finished request's media do not hold the budget while its state is still being
-        released) and again by its release (a request that ends otherwise)."""
+    def end_admission(self, state: RequestState) -> None:
+        """End what counts ``state`` against admission: its ticket, its place in the deadline
+        plan and its client media bytes (idempotent). Run as its response's last byte goes out
+        (or its direct generation ended), and again by its release."""
         if state.ticket is not None:
             state.ticket.release()
         if state.media_hold is not None:
@@ -401,7 +402,7 @@ class Orchestrator:
             if rid is not None and (state.run is not None or state.on_reasoner):
                 self._end_on_reasoners(rid)
         finally:
-            self._answered(state)  # the chat ticket and the plan place, if not ended already
+            self.end_admission(state)  # the ticket and the plan place, if not ended already
             if rid is not None:
                 if state.refused:
                     self.ids.forget(rid)  # the client may retry with the same rid
@@ -456,12 +457,7 @@ class Orchestrator:
         released with it. Iterate ``run.events()`` (through ``state.closes``) to drive it."""
         assert self.controller is not None and state.rid == request.rid
         self.check_healthy()
-        if self.admitted >= self.max_active:
-            self.observer.refused("max_active")
-            raise ServiceUnavailable(
-                f"the server is at stages.orchestrator.factory.max_active ({self.max_active}) "
-                "requests; retry later"
-            )
+        check_max_active(self.admitted, self.max_active, self.observer.refused)
         # the generation stage reads stage_params' image_path/video_path for the whole request
         generation_refs = refs_worst_case(self._generation_refs(request), self.policy)
         state.media_hold = self.media_budget.reserve(

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sglang_omni.pipeline.read_ahead import end_read_ahead
+from sglang_omni.aio.merge import merge
 
 T = TypeVar("T")
 REASONER, GENERATION = "reasoner", "generation"
@@ -115,37 +115,10 @@ class RunProgress:
             self._put(Progress(stage, self.turns, elapsed, spans=dict(spans)))
 
 
-async def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]
-                        ) -> AsyncGenerator[T | Progress, None]:
+def with_progress(events: AsyncIterator[T], queue: asyncio.Queue[Progress]
+                  ) -> AsyncGenerator[T | Progress, None]:
     """``events`` with the progress events of ``queue`` in between, as they come (a progress
     event that is ready with the next item of ``events`` comes first). Ends when ``events``
     ends. Closing or cancelling this iterator cancels the pending read of ``events`` and closes
-    it (:func:`~sglang_omni.pipeline.read_ahead.end_read_ahead`)."""
-    pending: asyncio.Future[T] | None = None
-    waiting: asyncio.Future[Progress] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            if waiting is None:
-                waiting = asyncio.ensure_future(queue.get())
-            # no set of the reads is kept in this frame (see ``del read`` below)
-            racing: set[asyncio.Future[Any]] = {pending, waiting}
-            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-            del racing
-            if waiting.done():
-                event, waiting = waiting.result(), None
-                yield event
-                continue
-            read, pending = pending, None
-            try:
-                item = read.result()
-            except StopAsyncIteration:
-                return
-            finally:  # the read keeps its exception, whose traceback keeps this frame: a cycle
-                del read  # that would hold the whole response until a full garbage collection
-            yield item
-    finally:
-        if waiting is not None:
-            waiting.cancel()
-        await end_read_ahead(events, pending)
+    it (:func:`~sglang_omni.aio.merge.merge`)."""
+    return merge(events, queue.get)

@@ -2,9 +2,10 @@
 
 Every Reasoner turn reads the whole conversation, every media item of the request in order (the
 client's chat media and every image and video generated so far). What crosses to the Reasoner
-stage is less: :meth:`ReasonerMedia.prepare` turns a turn's payload into one whose media parts
-all name ``omni-frame://i`` (the turn's ``job.frames``), a list of stable per-request keys for
-those frames, and the bytes of only the items the stage process does not hold yet
+stage is less: :meth:`ReasonerMedia.prepare` points the media parts of the turn's payload (the
+adapter's own, built once: the controller owns a dispatch's payload once the adapter returned
+it) at ``omni-frame://i`` (the turn's ``job.frames``), and gives a list of stable per-request
+keys for those frames and the bytes of only the items the stage process does not hold yet
 (``runtime.request_media`` keeps them there until the request ends).
 
 * Client media are read once, under the media policy, on the request's first turn: remote URLs
@@ -15,7 +16,8 @@ those frames, and the bytes of only the items the stage process does not hold ye
   decoded copy beside the request's text (a 150 MB body took 2.08x its size, issue 33). Every
   turn reads the same bytes, and no base64 travels inside a stage message header. Their
   (decoded) size settles the request's reservation in the server's client media budget
-  (:mod:`~sglang_omni.pipeline.media_budget`), released when the request is answered or ends.
+  (:mod:`~sglang_omni.pipeline.admission.media_budget`), released when the request is answered
+  or ends.
 * Generated media are the adapter's frames: frame *N* keeps its key for the request (an
   adapter's ``frames`` list only grows, and an index always names the same bytes).
 * When the stage process that holds the items is gone (it restarted mid-request), the turn fails
@@ -24,7 +26,6 @@ those frames, and the bytes of only the items the stage process does not hold ye
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,22 +34,23 @@ from typing import Any
 from sglang_omni.contract.job import FRAME_SCHEME
 from sglang_omni.contract.result import Frames
 from sglang_omni.errors import BadRequest, StageDied
-from sglang_omni.media import MediaPolicy, RequestMediaDir
+from sglang_omni.media import LazyMediaDir, MediaPolicy
 from sglang_omni.media.content_parts import MEDIA_PART_KINDS, iter_content_parts
 from sglang_omni.media.gather import read_all
 from sglang_omni.media.inline import InlinePayload
-from sglang_omni.pipeline.media_budget import MediaReservation
+from sglang_omni.pipeline.admission.media_budget import MediaReservation
 from sglang_omni.runtime.ipc import WireFrame
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 
 @dataclass
 class ReasonerCall:
-    """A turn as it goes to the stage: ``payload`` (media parts name ``omni-frame://i``),
-    ``media`` (``{keys, new}`` for ``StageHandle.call``) and ``frames`` (the new items: bytes,
-    or a client's inline medium as its base64 payload, decoded by the stage)."""
+    """A turn as it goes to the stage: ``payload`` (the adapter's payload itself, its media
+    parts pointed at ``omni-frame://i``), ``media`` (``{keys, new}`` for ``StageHandle.call``)
+    and ``frames`` (the new items: bytes, or a client's inline medium as its base64 payload,
+    decoded by the stage)."""
 
-    payload: dict[str, Any]
+    payload: Mapping[str, Any]
     media: dict[str, list[str]]
     frames: list[WireFrame]
 
@@ -83,10 +85,12 @@ class ReasonerMedia:
 
     async def prepare(self, handle: StageHandle, payload: Mapping[str, Any],
                       frames: Frames) -> ReasonerCall:
-        """The turn ``payload`` (generated media ``frames``) as it goes to ``handle``'s stage;
-        MediaRefused or MediaFetchFailed for client media that cannot be read (the client
-        media not read yet are read at once, a few at a time, within the request's media
-        deadline), StageDied when the stage process holding the request's media is gone."""
+        """The turn ``payload`` (generated media ``frames``) as it goes to ``handle``'s stage:
+        the payload's media parts are pointed at the turn's frames in place (each part replaced
+        by a copy: the dicts the adapter keeps are left as they were); MediaRefused or
+        MediaFetchFailed for client media that cannot be read (the client media not read yet
+        are read at once, a few at a time, within the request's media deadline), StageDied when
+        the stage process holding the request's media is gone."""
         state = self._stages.get(handle.name)
         if state is not None and state.held and state.generation != handle.process_generation:
             raise StageDied(
@@ -94,7 +98,9 @@ class ReasonerMedia:
                 "flight, losing the media it held for the request; retry the request")
         if state is None or state.generation != handle.process_generation:
             state = self._stages[handle.name] = _StageState(handle.process_generation)
-        messages = copy.copy(payload.get("messages") or [])
+        messages = payload.get("messages")
+        if not isinstance(messages, list):
+            messages = []
         offset = int(payload.get("message_offset", 0) or 0)
         parts = [part for part in iter_content_parts(messages, offset)
                  if part.kind in MEDIA_PART_KINDS.values() and part.url is not None]
@@ -112,8 +118,7 @@ class ReasonerMedia:
                 items[key] = data
             _replace_url(messages, part.message_index + offset, part.part_index, url)
         new = list(items)
-        return ReasonerCall({**payload, "messages": messages}, {"keys": keys, "new": new},
-                            [items[key] for key in new])
+        return ReasonerCall(payload, {"keys": keys, "new": new}, [items[key] for key in new])
 
     async def _read_client_media(self, refs: list[tuple[str, str]]) -> None:
         """Read the client media of ``refs`` not read yet (each once), concurrently, within
@@ -128,7 +133,7 @@ class ReasonerMedia:
             return
         started = time.monotonic()
         try:
-            with _TurnDir() as workdir:
+            with LazyMediaDir() as workdir:  # made only when a medium is fetched
                 data = await read_all([(label, url) for url, label in unread.items()],
                                       self.policy, workdir.get(),
                                       deadline_s=max(self._fetch_left_s, 0.001))
@@ -171,29 +176,10 @@ class ReasonerMedia:
             self.reservation.release()
 
 
-class _TurnDir:
-    """The turn's media folder, made only when a client medium is read (most turns read
-    none); removed when the ``with`` block ends."""
-
-    def __init__(self) -> None:
-        self._dir: RequestMediaDir | None = None
-
-    def get(self) -> RequestMediaDir:
-        if self._dir is None:
-            self._dir = RequestMediaDir()
-        return self._dir
-
-    def __enter__(self) -> _TurnDir:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._dir is not None:
-            self._dir.close()
-
-
 def _replace_url(messages: list[Any], index: int, part_index: int, url: str) -> None:
-    """Point part ``part_index`` of ``messages[index]`` at ``url`` (the message and part are
-    copied: the caller's stay as they were)."""
+    """Point part ``part_index`` of ``messages[index]`` at ``url``: the list entry is replaced
+    by a copy of the message with a copy of the part (the message and part dicts stay as they
+    were)."""
     message = dict(messages[index])
     content = list(message["content"])
     part = dict(content[part_index])

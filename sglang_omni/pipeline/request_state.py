@@ -24,8 +24,8 @@ from sglang_omni.aio.race import to_the_end
 from sglang_omni.errors import OmniError
 
 if TYPE_CHECKING:
-    from sglang_omni.pipeline.chat_admission import AdmissionTicket
-    from sglang_omni.pipeline.media_budget import MediaReservation
+    from sglang_omni.pipeline.admission import Ticket
+    from sglang_omni.pipeline.admission.media_budget import MediaReservation
     from sglang_omni.pipeline.progress import RunProgress
     from sglang_omni.pipeline.reasoner_media import ReasonerMedia
     from sglang_omni.pipeline.scheduling import PlanEntry
@@ -59,8 +59,9 @@ class RequestState:
         #: request was refused before any work, ``forget`` (``refused``).
         self.rid: str | None = None
         self.refused = False
-        #: The text-chat admission ticket.
-        self.ticket: AdmissionTicket | None = None
+        #: Its admission ticket (``pipeline.admission``: text chat's, or the direct queue's
+        #: turn on the generation stage).
+        self.ticket: Ticket | None = None
         #: The interleaved run, its place in the deadline plan, its progress events, its doom
         #: (a dead stage or shutdown), and its media as its Reasoner turns send them.
         self.run: UMMRun | None = None
@@ -68,7 +69,8 @@ class RequestState:
         self.progress: RunProgress | None = None
         self.doom: Doom | None = None
         self.media: ReasonerMedia | None = None
-        #: Its bytes in the server's client media budget (``pipeline.media_budget``),
+        #: Its bytes in the server's client media budget
+        #: (``pipeline.admission.media_budget``),
         #: released once it is answered (``mark_answered``), or with the state.
         self.media_hold: MediaReservation | None = None
         #: Whether a Reasoner stage saw the request (it is told the request ended).
@@ -94,7 +96,7 @@ class RequestState:
         self.rid = rid
         self._owner._register(self)
 
-    def take(self, ticket: AdmissionTicket | None) -> None:
+    def take(self, ticket: Ticket | None) -> None:
         """Record an admission ticket; the state is live from now on."""
         self._check_open()
         self.ticket = ticket
@@ -154,6 +156,17 @@ class RequestStates:
         if state.rid is not None:
             self._by_rid[state.rid] = state
 
+    def end_now(self, state: RequestState) -> None:
+        """Release ``state`` at once (idempotent), for a state its owner does not ``async
+        with`` (a job that runs on after its answer, whose task may end before it ran):
+        such a state gives no streams to close."""
+        if state.released:
+            return
+        if state.streams:
+            raise RuntimeError("a request state with streams is released by its async with")
+        state.released = True
+        self._forget(state)
+
     async def _end(self, state: RequestState) -> None:
         if state.released:
             return
@@ -168,10 +181,15 @@ class RequestStates:
             if cancelled:
                 raise asyncio.CancelledError()
         finally:
-            self._live.discard(state)
-            if state.rid is not None and self._by_rid.get(state.rid) is state:
-                del self._by_rid[state.rid]
-            self._release(state)
+            self._forget(state)
+
+    def _forget(self, state: RequestState) -> None:
+        """The end of every release: the state is no longer live, and its owner undoes what
+        it holds."""
+        self._live.discard(state)
+        if state.rid is not None and self._by_rid.get(state.rid) is state:
+            del self._by_rid[state.rid]
+        self._release(state)
 
 
 async def _close(stream: AsyncIterable[Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
 from sglang_omni.contract.job import EngineSpec
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 from sglang_omni.runtime.supervisor import RestartPolicy, StageSupervisor
 
 log = logging.getLogger("sglang_omni.runtime")

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from sglang_omni.contract.result import Frames, StageResult
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 _DONE = object()
 

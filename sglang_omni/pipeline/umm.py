@@ -32,6 +32,7 @@ from sglang_omni.errors import (
     ServerError,
     is_client_error,
 )
+from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.json_size import json_size
 from sglang_omni.pipeline.timeline import Timeline
 
@@ -40,24 +41,12 @@ _T = TypeVar("_T")
 
 
 # --- what adapters exchange with the controller -------------------------------------------------
-@dataclass(frozen=True)
-class UMMRequest:
-    """A checked client request. ``messages`` is the client's conversation (chat media stay
-    references, checked by the media policy); the dicts are the client's, by stage name."""
-
-    rid: str
-    messages: list[dict[str, Any]]
-    sampling: dict[str, Any] = field(default_factory=dict)
-    stage_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: The client's top-level ``response_format`` (None: unset); the adapter judges it.
-    response_format: dict[str, Any] | None = None
-    media_policy: Any = None
-    #: ``history_bytes(messages)`` when the caller measured it already (off the event loop).
-    history_size: int | None = None
-    #: Seconds the request waited before it reached this server (a fleet gateway's queue): its
-    #: deadline (``timeout_s``) counts from its arrival there.
-    waited_s: float = 0.0
+#: A checked client request: the wire's :class:`~sglang_omni.pipeline.chat_request.ChatRequest`
+#: itself (``rid`` the claimed request id, ``messages`` the client's conversation, the dicts the
+#: client's, by stage name, ``response_format`` the client's (None: unset; the adapter judges
+#: it), ``media_policy``, ``history_size`` and ``waited_s`` set by admission). One object from
+#: the route to the adapter: nothing copies its fields.
+UMMRequest = ChatRequest
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,21 @@ output limits config loading checks against what their dispatches can produce)."
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
+from sglang_omni.config.model_protocols import DecisionRenderer
 from sglang_omni.config.schema import PipelineConfig, ResolvedConfig
 from sglang_omni.config.stages import MiB
 from sglang_omni.errors import ConfigError
 from sglang_omni.media.types import INLINE_LIMIT
+from sglang_omni.pipeline.umm import UMMAdapter
+
+
+class AdapterClass(DecisionRenderer, Protocol):
+    """A UMM adapter class: called with no arguments, it makes one ``UMMAdapter`` per request;
+    the class itself renders decisions for the engines (``DecisionRenderer``)."""
+
+    def __call__(self) -> UMMAdapter: ...
 
 
 class UMMPipelineConfig(PipelineConfig):
@@ -21,12 +30,14 @@ class UMMPipelineConfig(PipelineConfig):
     """
 
     mode = "umm"
-    adapter_cls: ClassVar[type]
+    #: The adapter class: one instance per request; the class itself renders decisions for the
+    #: engines.
+    adapter_cls: ClassVar[AdapterClass]
     max_generations: ClassVar[int] = 8
 
     @classmethod
-    def umm_adapter(cls) -> str | None:
-        return f"{cls.adapter_cls.__module__}:{cls.adapter_cls.__qualname__}"
+    def umm_adapter(cls) -> DecisionRenderer | None:
+        return cls.adapter_cls
 
     @classmethod
     def generations_within(cls, max_dispatches: int) -> int:

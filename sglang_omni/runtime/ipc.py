@@ -1,11 +1,14 @@
 """Framed messages between the server and a stage process.
 
-A message is a msgpack header (a dict) followed by zero or more raw byte frames, so media travel
+A message is a msgpack header (a dict: a message of :mod:`sglang_omni.contract.messages`, encoded
+by its codec) followed by zero or more raw byte frames, so media travel
 as bytes, never re-encoded as text. Each piece goes over a Unix stream socket as an 8-byte length
 and its bytes; a frame is received straight into its own buffer (one copy out of the kernel).
 Sends are serialized by a lock so that a header and its frames stay together. :class:`Channel`
 (blocking, thread-safe sends, one reader thread) is the stage process's end; the server's end is
-:class:`~sglang_omni.runtime.stage_link.StageLink`, on the server's event loop, same wire.
+:class:`~sglang_omni.runtime.stage.link.StageLink`, on the server's event loop, same wire and the
+same framing: both send what :func:`pack_message` and :func:`wire_pieces` give and put what
+arrives together with :class:`Incoming` (a header that is not one is a ``ProtocolError``).
 
 An ASCII string of at least :data:`MIN_TEXT` characters in a header (a ``data:`` URL of a
 request's inline media) is not packed into it: it travels after the frames as a piece of its
@@ -31,6 +34,7 @@ while its bytes keep coming.
 from __future__ import annotations
 
 import binascii
+import enum
 import select
 import socket
 import struct
@@ -42,6 +46,7 @@ from typing import Any, TypeAlias
 
 import msgpack
 
+from sglang_omni.contract.messages import Message, ProtocolError, encode
 from sglang_omni.contract.result import Frames
 from sglang_omni.media.inline import InlinePayload
 
@@ -56,6 +61,8 @@ _TEXT_EXT = 17
 #: What a sender may put among a message's frames: bytes, or base64 text the receiver gets
 #: decoded (see the module contract).
 WireFrame: TypeAlias = bytes | bytearray | InlinePayload
+#: ``wire_error`` of a message one of whose base64 frames was not strict base64.
+BASE64_ERROR = "a base64 frame of the message is not strict base64"
 #: Seconds between ``keepalive`` calls while a message is partly received (well under the
 #: server's stall timeout, 3 s by default).
 KEEPALIVE_S = 0.5
@@ -82,9 +89,12 @@ def frame_size(frame: WireFrame) -> int:
     return len(frame)
 
 
-def pack_message(header: dict[str, Any], frames: Sequence[WireFrame] = ()) -> PackedHeader:
+def pack_message(header: Message | dict[str, Any], frames: Sequence[WireFrame] = ()
+                 ) -> PackedHeader:
     """:func:`pack_header` for a message whose frames are ``frames``, naming the base64 ones
     (``b64frames``) for the receiver."""
+    if not isinstance(header, dict):
+        header = encode(header)
     b64 = [i for i, frame in enumerate(frames) if isinstance(frame, InlinePayload)]
     return pack_header({**header, "b64frames": b64} if b64 else header, len(frames))
 
@@ -130,10 +140,13 @@ class WireEncodeError(ValueError):
         self.path = path
 
 
-def pack_header(header: dict[str, Any], nframes: int = 0) -> PackedHeader:
-    """The wire form of ``header``; WireEncodeError naming the first value it cannot carry
+def pack_header(header: Message | dict[str, Any], nframes: int = 0) -> PackedHeader:
+    """The wire form of ``header`` (a typed message is encoded by ``contract.messages``'s
+    codec first); WireEncodeError naming the first value it cannot carry
     (an integer outside 64 bits, a string that is not valid Unicode, a type msgpack lacks,
     nesting deeper than msgpack allows)."""
+    if not isinstance(header, dict):
+        header = encode(header)
     texts: list[str] = []
     try:
         lean = _set_texts_aside(header, texts, 0)
@@ -215,6 +228,84 @@ def _packs(value: Any) -> bool:
     return True
 
 
+class PieceKind(enum.Enum):
+    """What the next piece of a message is (see the module contract)."""
+
+    FRAME = "frame"
+    BASE64 = "base64"
+    TEXT = "text"
+
+
+class Incoming:
+    """One message as its pieces arrive: the receiving half of the framing, shared by both
+    ends (``Channel.recv`` here, ``StageLink`` on the server's loop), which only move bytes.
+
+    Built from the header piece (ProtocolError when it is not msgpack, not a map, or its
+    counts are not counts); :meth:`wants` says what piece comes next (None: the message is
+    whole), :meth:`add` takes it, :meth:`finish` gives the header, long texts put back, and
+    the frames."""
+
+    __slots__ = ("header", "frames", "texts", "_nframes", "_ntexts", "_b64")
+
+    def __init__(self, piece: bytes | bytearray) -> None:
+        try:
+            header = msgpack.unpackb(piece)
+        except Exception as exc:  # noqa: BLE001 - any unpacking failure is the same fault
+            raise ProtocolError(None, "(header)", f"not msgpack ({exc})") from None
+        if not isinstance(header, dict):
+            raise ProtocolError(None, "(header)",
+                                f"expected a map, got {type(header).__name__}")
+        self.header: dict[str, Any] = header
+        self._nframes = header.pop("nframes", 0)
+        self._ntexts = header.pop("ntexts", 0)
+        for name, count in (("nframes", self._nframes), ("ntexts", self._ntexts)):
+            if type(count) is not int or count < 0:
+                raise ProtocolError(_op(header), name, f"expected a count, got {count!r}")
+        b64 = header.pop("b64frames", None)
+        self._b64: frozenset[int] = _NO_FRAMES
+        if b64:  # a message with a client's inline media: rare
+            if not isinstance(b64, list) or not all(type(i) is int for i in b64):
+                raise ProtocolError(_op(header), "b64frames", "expected a list of integers")
+            self._b64 = frozenset(b64)
+        self.frames: Frames = []
+        self.texts: list[str] = []
+
+    def wants(self) -> PieceKind | None:
+        if len(self.frames) < self._nframes:
+            return PieceKind.BASE64 if len(self.frames) in self._b64 else PieceKind.FRAME
+        if len(self.texts) < self._ntexts:
+            return PieceKind.TEXT
+        return None
+
+    def add(self, piece: bytearray, decoded: bool = False) -> None:
+        """Take the next piece; a base64 frame not ``decoded`` as it arrived is decoded here
+        (an empty frame and ``wire_error`` when it is not strict base64)."""
+        kind = self.wants()
+        if kind is PieceKind.TEXT:
+            self.texts.append(piece.decode("ascii"))
+        elif kind is PieceKind.BASE64 and not decoded:
+            try:
+                self.frames.append(bytearray(binascii.a2b_base64(piece, strict_mode=True)))
+            except binascii.Error:
+                self.header["wire_error"] = BASE64_ERROR
+                self.frames.append(bytearray())
+        else:
+            self.frames.append(piece)
+
+    def finish(self) -> tuple[dict[str, Any], Frames]:
+        if self.texts:
+            put_texts_back(self.header, self.texts)
+        return self.header, self.frames
+
+
+def _op(header: dict[str, Any]) -> str | None:
+    op = header.get("op")
+    return op if isinstance(op, str) else None
+
+
+_NO_FRAMES: frozenset[int] = frozenset()
+
+
 class Channel:
     """One end of a duplex stage connection. ``send`` is thread-safe; ``recv`` blocks and is
     meant for one reader thread. Both raise EOFError once the peer is gone."""
@@ -223,7 +314,8 @@ class Channel:
         self._sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, header: dict[str, Any], frames: Sequence[WireFrame] | None = None) -> None:
+    def send(self, header: Message | dict[str, Any],
+             frames: Sequence[WireFrame] | None = None) -> None:
         """Pack and send; WireEncodeError (nothing sent) when the header cannot be packed."""
         frames = frames or []
         self.send_packed(pack_message(header, frames), frames)
@@ -243,18 +335,17 @@ class Channel:
     def recv(self, keepalive: Callable[[bool], None] | None = None
              ) -> tuple[dict[str, Any], Frames]:
         """The next message; ``keepalive`` is called every :data:`KEEPALIVE_S` from its first
-        byte until it is whole (from this thread; see the module contract)."""
+        byte until it is whole (from this thread; see the module contract). ProtocolError when
+        its header is not a message header (the message is dropped)."""
         (size,) = _LEN.unpack(self._recv_exact(_LEN.size, None))
         alive = _Keepalive(keepalive) if keepalive is not None else None
-        header = msgpack.unpackb(self._recv_exact(size, alive))
-        b64 = set(header.pop("b64frames", None) or ())
-        frames: Frames = [self._recv_base64(alive, header) if i in b64 else
-                          self._recv_piece(alive) for i in range(header.pop("nframes", 0))]
-        ntexts = header.pop("ntexts", 0)
-        if ntexts:
-            texts = [self._recv_piece(alive).decode("ascii") for _ in range(ntexts)]
-            put_texts_back(header, texts)
-        return header, frames
+        incoming = Incoming(self._recv_exact(size, alive))
+        while (kind := incoming.wants()) is not None:
+            if kind is PieceKind.BASE64:
+                incoming.add(self._recv_base64(alive, incoming.header), decoded=True)
+            else:
+                incoming.add(self._recv_piece(alive))
+        return incoming.finish()
 
     def _recv_piece(self, alive: _Keepalive | None) -> bytearray:
         (size,) = _LEN.unpack(self._recv_exact(_LEN.size, alive))
@@ -282,7 +373,7 @@ class Channel:
             done += len(data)
             del data  # not held while the next window decodes
         if not valid:
-            header["wire_error"] = "a base64 frame of the message is not strict base64"
+            header["wire_error"] = BASE64_ERROR
             return bytearray()
         del out[done:]  # the padding
         return out

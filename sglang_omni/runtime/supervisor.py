@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.config.schema import PROCESS_FACTORY
-from sglang_omni.runtime.stage_handle import StageHandle, StageStartupError
+from sglang_omni.runtime.stage.handle import StageHandle, StageStartupError
 from sglang_omni.runtime.task_errors import log_failure
 
 log = logging.getLogger("sglang_omni.runtime")
@@ -243,7 +243,7 @@ class StageSupervisor:
         server's loop was held up: the stage's answers may not be read yet, so its own delay is
         not taken for the stage's), but its ping still goes out: a server whose loop is slow
         (a loaded machine) is not a frozen server, and a stage that hears no ping for
-        ``stage_process.MIN_SERVER_SILENCE_S`` exits."""
+        ``stage.process.MIN_SERVER_SILENCE_S`` exits."""
         handle = self.handle
         interval = self.policy.heartbeat_interval_s
         tick = min(interval, CHECK_EVERY_S)

@@ -18,7 +18,8 @@ import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from sglang_omni.aio.race import race
+from sglang_omni.aio.merge import keep_alive
+from sglang_omni.aio.race import race, to_the_end
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -107,32 +108,12 @@ async def call_asgi(app: ASGIApp, scope: Scope, body: bytes, grace_s: float = GR
         yield batch
 
 
-async def with_keepalive(batches: AsyncIterator[list[Message]], every_s: float = KEEPALIVE_S
-                         ) -> AsyncGenerator[list[Message] | str, None]:
+def with_keepalive(batches: AsyncIterator[list[Message]], every_s: float = KEEPALIVE_S
+                   ) -> AsyncGenerator[list[Message] | str, None]:
     """``batches``, with :data:`KEEPALIVE` yielded after each ``every_s`` that brought none.
-    Closing this iterator closes ``batches`` (its next batch, if awaited, is cancelled)."""
-    pending: asyncio.Future[list[Message]] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(batches))
-            done, _ = await asyncio.wait({pending}, timeout=every_s)
-            if not done:
-                yield KEEPALIVE
-                continue
-            future, pending = pending, None
-            try:
-                batch = future.result()
-            except StopAsyncIteration:
-                return
-            yield batch
-    finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
-        aclose = getattr(batches, "aclose", None)
-        if aclose is not None:
-            await aclose()
+    Closing this iterator closes ``batches`` (its next batch, if awaited, is cancelled)
+    (:func:`~sglang_omni.aio.merge.keep_alive`)."""
+    return keep_alive(batches, every_s, KEEPALIVE)
 
 
 def websocket_receiver(inbound: asyncio.Queue[Message]) -> Callable[[asyncio.Event], Receive]:
@@ -195,11 +176,19 @@ async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event
         if not task.done():
             gone.set()
             _drain(queue)
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            cancelled = False
+            try:
                 await asyncio.wait_for(asyncio.shield(task), grace_s)
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:  # the caller's (not the app's): raised after the
+                current = asyncio.current_task()  # app ended
+                cancelled = current is not None and current.cancelling() > 0
             if not task.done():
                 task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await to_the_end(asyncio.gather(task, return_exceptions=True))
+            if cancelled:
+                raise asyncio.CancelledError()
 
 
 async def _next(queue: asyncio.Queue[Message], task: asyncio.Future[None]) -> Message:

@@ -20,15 +20,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sglang_omni.config import random_weights
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.contract import random_weights
 from sglang_omni.errors import OmniError, ServiceUnavailable
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.bodies.body_budget import BodyBudget
 from sglang_omni.serve.bodies.typed_route import OmniRoute
 from sglang_omni.serve.chat.chat_routes import chat_routes
 from sglang_omni.serve.chat.interleaved_routes import interleaved_routes
-from sglang_omni.serve.direct.direct_routes import direct_routes
+from sglang_omni.serve.direct.routes import direct_routes
 from sglang_omni.serve.ops.docs import docs_router
 from sglang_omni.serve.ops.info_routes import add_server_info_route
 from sglang_omni.serve.ops.metrics import ServerMetrics

@@ -14,7 +14,7 @@ import pytest
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.engines.native.server_args import ServerArgsError, resolve_server_args
 from sglang_omni.errors import ConfigError, ServiceUnavailable
-from sglang_omni.pipeline.chat_admission import ChatAdmission
+from sglang_omni.pipeline.admission.chat import ChatAdmission
 from tests.chat.kit import CHAT, TEXT_ONLY, chat, media_host, say, script
 from tests.kit import wait_until
 from tests.server import Server

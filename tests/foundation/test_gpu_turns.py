@@ -140,3 +140,34 @@ def test_a_paused_job_reports_no_progress_and_its_cancellation_frees_what_it_kep
         assert log[-1] == f"O{STEPS}"
 
     asyncio.run(scenario())
+
+
+
+def test_a_waiting_job_cancelled_as_the_gpu_is_handed_to_it_does_not_run() -> None:
+    """The stage aborts two jobs: the running one, whose end hands the GPU to the waiting one,
+    and the waiting one, cancelled some loop steps later (0 to 8: every interleaving of the
+    hand-over with the cancellation). The waiting job must end cancelled, never run. (Python
+    3.11's ``asyncio.wait_for`` returns the inner result when it lands with the cancellation,
+    swallowing it: an aborted job then ran its whole generation.)"""
+    async def scenario(steps: int) -> tuple[bool, list[str]]:
+        turns = GpuTurns(budget_bytes=0)
+        log: list[str] = []
+        first, second = Stepper(turns, "A", 1.0, log), Stepper(turns, "B", 2.0, log)
+        a = asyncio.create_task(first.run(asyncio.Event()))
+        await first.at_step.wait()
+        b = asyncio.create_task(second.run())
+        await until(lambda: second.turn.wake is not None, "B waits for the GPU")
+        first.cancelled.set()
+        a.cancel()
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        second.cancelled.set()
+        if not b.cancel():  # B had the GPU and ended already: nothing to abort
+            return True, []
+        at_cancel = len(log)
+        await asyncio.gather(a, b, return_exceptions=True)
+        return b.cancelled(), log[at_cancel:]
+
+    for steps in range(9):
+        b_cancelled, after = asyncio.run(scenario(steps))
+        assert b_cancelled and not after, f"{steps} loop steps: B ran {after} after its abort"

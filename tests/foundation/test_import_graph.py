@@ -1,22 +1,29 @@
 """Package layering: imports point one way and packages form no cycle.
 
-Layers, lowest first: errors, aio -> media, config -> contract -> engines -> runtime -> pipeline
--> models -> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers: only the
-CLI sits above it). A module may import its own package or any lower layer. media and config
-share one level and may not import each other, nor may errors and aio (neither needs the other;
-keeping them apart keeps both leaves of the graph). contract, the stage contract (jobs, results,
-payloads, generation options, the engine and model interfaces), sits just above them so that
-every layer may import it. client is a separate top: it may import errors and its own modules
-only.
+Layers, lowest first: errors, aio -> media, config, client -> contract -> engines -> runtime ->
+pipeline -> models -> serve -> scale -> cli (scale, the Ray Serve deployment, runs whole servers:
+only the CLI sits above it). A module may import its own package or any lower layer. media,
+config and client share one level and may not import each other, nor may errors and aio (neither
+needs the other; keeping them apart keeps both leaves of the graph). contract, the stage contract
+(jobs, results, payloads, generation options, the engine and model interfaces), sits just above
+them so that every layer may import it. client, the Python SDK, sits just above errors: it may
+import errors and its own modules only (not even aio), and every layer above it sees it as any
+lower layer (no import of it is exempt).
 
 Some edges that point down are forbidden too (``FORBIDDEN``): serve, the HTTP layer, imports no
 engine and no model package; it reaches the configured model through the ``contract.model``
 interface its pipeline config names (``PipelineConfig.model``), so a model package added
-without a change to serve serves through the same routes.
+without a change to serve serves through the same routes. Nor does serve import anything in
+runtime (the stage handle, its IPC, the process helpers): pipeline is the only door to the
+stages, for every mode (the orchestrator and ``pipeline.direct``), so every request holds a
+request state and takes its admission ticket from ``pipeline.admission``.
 
-Every ``import`` and ``from ... import`` counts, including those inside functions; a module
-named by a string passed to ``importlib.import_module`` is a late binding through a table,
-not an edge.
+Every ``import`` and ``from ... import`` counts, including those inside functions, and so does a
+literal module name passed to ``importlib.import_module``. A module imported by a name the code
+does not spell out would hide its edge: only the model loader (``config/model_imports.py``: the
+``sglang_omni.models`` entry points and the config's ``model_packages``) may do that
+(``test_no_import_by_computed_name``), and the entry points it loads point into models/
+(``test_model_entry_points_point_into_models``).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ LAYER: dict[str, int] = {
     "aio": 0,
     "media": 1,
     "config": 1,
+    "client": 1,
     "contract": 2,
     "engines": 3,
     "runtime": 4,
@@ -44,7 +52,7 @@ LAYER: dict[str, int] = {
     "cli": 9,
 }
 #: Downward edges that are still forbidden, by (source package, target package).
-FORBIDDEN = {("serve", "engines"), ("serve", "models")}
+FORBIDDEN = {("serve", "engines"), ("serve", "models"), ("serve", "runtime")}
 CLIENT_MAY_IMPORT = {"client", "errors"}
 
 
@@ -76,7 +84,29 @@ def imported_modules(path: Path, module: str | None = None) -> list[str]:
             found.append(target)
             # `from sglang_omni import serve` names a package, not an attribute
             found.extend(f"{target}.{alias.name}" for alias in node.names if target == ROOT)
+        elif (named := imported_by_call(node)) is not None and named[1] is not None:
+            found.append(named[1])
     return [name for name in found if name == ROOT or name.startswith(ROOT + ".")]
+
+
+#: The calls that import a module named by their first argument.
+IMPORT_CALLS = {"import_module", "__import__"}
+
+
+def imported_by_call(node: ast.AST) -> tuple[ast.Call, str | None] | None:
+    """For a call of ``importlib.import_module`` or ``__import__``: the call and the module it
+    names when that is a string literal (None: a name the code computes); None for any other
+    node."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in IMPORT_CALLS:
+        return None
+    first = node.args[0] if node.args else None
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return node, first.value
+    return node, None
 
 
 def package_of(module: str) -> str | None:
@@ -105,8 +135,6 @@ def upward(edge: tuple[str, str, str, str]) -> bool:
     _, _, source_pkg, target_pkg = edge
     if source_pkg == "client":
         return target_pkg not in CLIENT_MAY_IMPORT
-    if target_pkg == "client":
-        return False
     if source_pkg not in LAYER or target_pkg not in LAYER:
         return True
     if (source_pkg, target_pkg) in FORBIDDEN:
@@ -159,13 +187,21 @@ def describe(bad: list[tuple[str, str, str, str]]) -> str:
 
 def test_every_package_is_layered() -> None:
     assert set(package_of(module_name(p)) for p in PACKAGE_ROOT.rglob("*.py")) - {None} <= (
-        set(LAYER) | {"client"}
+        set(LAYER)
     ), "a new top-level package needs a layer in LAYER"
 
 
 def test_no_upward_imports() -> None:
     bad = [edge for edge in edges() if upward(edge)]
     assert not bad, "imports that point up (or sideways) a layer:\n" + describe(bad)
+
+
+def test_serve_reaches_the_stages_only_through_the_pipeline() -> None:
+    """serve/ imports no runtime module (the stage handle above all): a route that called a
+    stage itself would bypass the request state and the admission package."""
+    reached = sorted(f"{source} -> {target}" for source, target, source_pkg, target_pkg
+                     in edges() if source_pkg == "serve" and target_pkg == "runtime")
+    assert reached == [], "serve/ imports runtime/ (go through pipeline/): " + ", ".join(reached)
 
 
 def test_no_package_cycles() -> None:
@@ -182,7 +218,7 @@ def test_no_package_cycles() -> None:
 
 
 def test_scanner_sees_nested_and_relative_imports(tmp_path: Path) -> None:
-    """Function-level and relative imports count; importlib strings do not."""
+    """Function-level and relative imports count, and so do literal importlib names."""
     source = tmp_path / "probe.py"
     source.write_text(
         "import importlib\n"
@@ -198,6 +234,7 @@ def test_scanner_sees_nested_and_relative_imports(tmp_path: Path) -> None:
         "sglang_omni.pipeline.umm",
         "sglang_omni.serve",
         "sglang_omni.runtime.ipc",
+        "sglang_omni.cli",
     ]
     bad = ("sglang_omni.engines.probe", "sglang_omni.serve", "engines", "serve")
     assert upward(bad) and not upward(("x", "y", "serve", "pipeline"))
@@ -211,7 +248,9 @@ def test_scanner_sees_nested_and_relative_imports(tmp_path: Path) -> None:
 
 def test_import_string_tables_name_real_classes() -> None:
     """The late-bound tables (the built-in models' pipelines, engines) name real classes; the
-    built-in pipelines register themselves, each with the model it serves."""
+    built-in pipelines register themselves, each with the model it serves (a ``ServedModel``,
+    which implements the config's ``ModelProtocol``)."""
+    from sglang_omni.config.model_protocols import ModelProtocol
     from sglang_omni.config.schema import pipeline_class, registered_pipelines
     from sglang_omni.contract.model import ServedModel
     from sglang_omni.engines.base import ENGINES
@@ -222,12 +261,82 @@ def test_import_string_tables_name_real_classes() -> None:
     for name in builtin:
         assert pipeline_class(name).__name__ == name
         assert isinstance(pipeline_class(name).model, ServedModel)
-    for target in ENGINES.values():
-        module, _, cls = target.partition(":")
+        assert isinstance(pipeline_class(name).model, ModelProtocol)
+    base = PACKAGE_ROOT / "engines" / "base.py"
+    tree = ast.parse(base.read_text())
+    factories = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    for factory in ENGINES.values():
+        node = factories[factory.__name__]
+        [imported] = [n for n in ast.walk(node) if isinstance(n, ast.ImportFrom)]
+        module, [alias] = imported.module or "", imported.names
         path = PACKAGE_ROOT.parent / module.replace(".", "/")
         path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
         tree = ast.parse(path.read_text())
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         defined |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                     for a in n.names}
-        assert cls in defined, f"{target}: {module} defines no {cls}"
+        assert alias.name in defined, f"{factory.__name__}: {module} defines no {alias.name}"
+
+
+# --- item: nothing imported by a computed name hides an edge; models import no engine ---------
+#: The one module that imports code by a name it does not spell out (entry points, the config's
+#: ``model_packages``, the diffusion driver a test names).
+MODEL_LOADER = PACKAGE_ROOT / "config" / "model_imports.py"
+
+
+def computed_imports(path: Path) -> list[int]:
+    """The lines of ``path`` that import a module by a name the code computes."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [found[0].lineno for node in ast.walk(tree)
+            if (found := imported_by_call(node)) is not None and found[1] is None]
+
+
+def test_no_import_by_computed_name() -> None:
+    """An import string would hide its edge from this test (the scripted engine's adapter and
+    the config's models package once did): outside the model loader every module is imported
+    by a literal name."""
+    bad = [f"  {path.relative_to(PACKAGE_ROOT.parent)}:{line}"
+           for path in sorted(PACKAGE_ROOT.rglob("*.py")) if path != MODEL_LOADER
+           for line in computed_imports(path)]
+    assert not bad, ("modules imported by a computed name (import them by a literal name, or "
+                     "load them through config.model_imports):\n" + "\n".join(bad))
+    assert computed_imports(MODEL_LOADER), "the model loader moved: update MODEL_LOADER"
+
+
+def test_computed_import_scan_sees_both_spellings(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text("import importlib\nname = 'x'\nimportlib.import_module(name)\n"
+                      "__import__(name + 'y')\nimportlib.import_module('sglang_omni.cli')\n")
+    assert computed_imports(source) == [3, 4]
+
+
+def test_models_import_no_engine() -> None:
+    """A model package reaches engines only through the contract (its options, its Protocols):
+    what an engine needs of a model it gets through ``config.model_protocols`` and the config."""
+    bad = [edge for edge in edges() if edge[2] == "models" and edge[3] == "engines"]
+    assert not bad, "models/ imports engines:\n" + describe(bad)
+
+
+def test_model_entry_points_point_into_models() -> None:
+    """pyproject.toml's ``sglang_omni.models`` entry points are the loader's only edges: each
+    names a module under models/, and the built-in one is the loader's fallback (loaded even
+    where the installed metadata predates it)."""
+    import tomllib
+
+    from sglang_omni.config.model_imports import BUILT_IN, GROUP
+
+    project = tomllib.loads((PACKAGE_ROOT.parent / "pyproject.toml").read_text())["project"]
+    declared = project["entry-points"][GROUP]
+    assert declared == {BUILT_IN.name: BUILT_IN.value}
+    for value in declared.values():
+        assert package_of(value.partition(":")[0]) == "models", value
+
+
+def test_client_has_a_layer_and_no_exemption() -> None:
+    """client/ (the Python SDK) sits beside media and config, just above errors: no import of
+    it or by it is exempt from the layer rules."""
+    assert LAYER["client"] == LAYER["config"] == LAYER["errors"] + 1
+    assert not upward(("x", "y", "client", "errors"))
+    assert upward(("x", "y", "client", "aio"))  # the SDK imports errors and itself only
+    assert upward(("x", "y", "media", "client")) and upward(("x", "y", "config", "client"))
+    assert not upward(("x", "y", "cli", "client"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sglang_omni import cli
-from sglang_omni.contract import random_weights
+from sglang_omni.config import random_weights
 from sglang_omni.serve.ops.startup import ready_line
 
 

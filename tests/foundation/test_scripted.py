@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +22,7 @@ from sglang_omni.errors import BadRequest
 from tests.server import SCRIPTED_CHAT, Server
 
 
-def spec(role: str, umm_adapter: str | None = None, **factory: object) -> EngineSpec:
+def spec(role: str, umm_adapter: Any = None, **factory: object) -> EngineSpec:
     return EngineSpec(stage=role, role=role, backend="scripted", model_path=None, gpu=None,
                       gpu_memory_fraction=None, factory=dict(factory), engine={},
                       umm_adapter=umm_adapter)
@@ -42,7 +43,7 @@ class JsonAdapter:
         return "DECISION " + json.dumps(entry, sort_keys=True)
 
 
-JSON_ADAPTER = f"{__name__}:JsonAdapter"  # the stage's adapter, given at start-up
+JSON_ADAPTER = JsonAdapter  # the stage's adapter, given at start-up
 
 
 def reasoner_payload(messages: list, turn: int = 0) -> dict:

@@ -1,4 +1,4 @@
-"""The server's end of a stage channel on the event loop (``runtime.stage_link``) speaks the
+"""The server's end of a stage channel on the event loop (``runtime.stage.link``) speaks the
 stage's wire (``ipc.Channel``): messages of every size arrive whole and in order both ways, a
 long text travels beside its header, a base64 frame (a client's inline medium) travels as its
 text and arrives as its bytes, and a peer that goes away fails what is not sent and says it is
@@ -18,7 +18,7 @@ import pytest
 
 from sglang_omni.media.inline import InlinePayload, parse_data_url
 from sglang_omni.runtime.ipc import MIN_TEXT, Channel, channel_pair, pack_header, pack_message
-from sglang_omni.runtime.stage_link import STAGING, StageLink
+from sglang_omni.runtime.stage.link import STAGING, StageLink
 
 MiB = 1024 * 1024
 

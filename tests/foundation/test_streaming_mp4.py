@@ -66,7 +66,7 @@ def test_the_tune_is_a_generation_setting_beside_the_preset() -> None:
     """``--generation.factory.x264_tune`` reaches the engine's encoding (zerolatency by
     default); a tune x264 does not have is refused at load, naming the key."""
     from sglang_omni.config import load_config, parse_overrides
-    from sglang_omni.engines.encoding_settings import video_encoding
+    from sglang_omni.contract.encoding_settings import video_encoding
     from sglang_omni.errors import ConfigError
 
     def encoding(*flags: str) -> VideoEncoding:

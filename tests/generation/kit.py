@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from sglang_omni.engines.synth_media import encode_png, frame_pixels
 from tests import kit
@@ -61,3 +64,21 @@ def cat_media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("media")
     (root / "cat.png").write_bytes(CAT_PNG)
     return root
+
+
+def ws(server: Server, path: str, **kwargs: Any) -> ClientConnection:
+    """A WebSocket to ``path`` of ``server`` (the realtime routes)."""
+    return connect(server.url.replace("http", "ws") + path, open_timeout=10, **kwargs)
+
+
+def recv(conn: ClientConnection) -> dict[str, Any]:
+    """The next realtime message, decoded from msgpack."""
+    return msgpack.unpackb(conn.recv(timeout=30), raw=False, strict_map_key=False)
+
+
+def closed_code(conn: ClientConnection) -> int | None:
+    """Read until the server closes ``conn``; its close code."""
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            conn.recv(timeout=30)
+    return closed.value.rcvd.code if closed.value.rcvd is not None else None

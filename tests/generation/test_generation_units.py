@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_omni.contract.parallelism import native_gpu_count
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.native import cancellation_plugin as plugin
 from sglang_omni.engines.native.cancellation_plugin_site import CancellationPluginSite
@@ -26,7 +27,6 @@ from sglang_omni.engines.native.generation_checks import (
     check_ffmpeg_aac,
     read_generated,
 )
-from sglang_omni.engines.native.parallelism import native_gpu_count
 from sglang_omni.engines.synth_media import encode_png, frame_pixels
 from sglang_omni.errors import BadRequest, ServerError
 from sglang_omni.media.action_refs import action_media_refs, replace_action_media

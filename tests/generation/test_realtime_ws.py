@@ -14,11 +14,19 @@ from typing import Any
 import msgpack
 import psutil
 import pytest
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
 
 from sglang_omni.engines.synth_media import decode_mp4_frames, encode_png, frame_pixels
-from tests.generation.kit import HTTP, error_of, metric, scripted_server, wait_for
+from tests.generation.kit import (
+    HTTP,
+    closed_code,
+    error_of,
+    metric,
+    recv,
+    scripted_server,
+    wait_for,
+    ws,
+)
 from tests.server import Server
 
 PNG = encode_png(frame_pixels("cat", 0, 8, 8, 0))
@@ -32,21 +40,6 @@ def server():
                          "--server.max_media_bytes", "4096", "--server.max_body_bytes",
                          "200000", "--server.body_timeout_s", "2") as srv:
         yield srv
-
-
-def ws(server: Server, path: str, **kwargs: Any) -> ClientConnection:
-    return connect(server.url.replace("http", "ws") + path, open_timeout=10, **kwargs)
-
-
-def recv(conn: ClientConnection) -> dict[str, Any]:
-    return msgpack.unpackb(conn.recv(timeout=30), raw=False, strict_map_key=False)
-
-
-def closed_code(conn: ClientConnection) -> int | None:
-    with pytest.raises(ConnectionClosed) as closed:
-        while True:
-            conn.recv(timeout=30)
-    return closed.value.rcvd.code if closed.value.rcvd is not None else None
 
 
 # --- realtime actions --------------------------------------------------------------------------

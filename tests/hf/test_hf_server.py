@@ -78,7 +78,7 @@ def test_image_and_video_return_to_the_reasoner(server: Server) -> None:
 def test_the_demo_says_its_weights_are_random(server: Server, tiny_checkpoint: Path) -> None:
     """The tiny checkpoint carries the builder's note; the server reads it and says so in its
     ready line and in /server_info (the playground shows /server_info's notice)."""
-    from sglang_omni.contract import random_weights
+    from sglang_omni.config import random_weights
 
     assert (tiny_checkpoint / random_weights.MARKER).is_file()
     info = httpx.get(f"{server.url}/server_info").json()

@@ -80,7 +80,7 @@ def test_unknown_shapes_are_refused(tmp_path: Path) -> None:
 
 
 def test_it_says_its_weights_are_random(micro: Path) -> None:
-    from sglang_omni.contract import random_weights
+    from sglang_omni.config import random_weights
 
     note = random_weights.read(micro)
     assert note is not None

@@ -175,7 +175,10 @@ def test_non_streaming_request_through_the_real_chat_service(tmp_path: Path) -> 
     assert [i.url for i in obj.image_data] == [(tmp_path / "cube.png").resolve().as_uri()]
     video, audio = obj.video_data[0], obj.audio_data[0]
     assert urlsplit(video).path.endswith(".mp4") and audio.startswith("file://")
-    assert not Path(urlsplit(video).path).exists()  # request files removed at the end
+    assert not Path(urlsplit(audio).path).exists()  # the turn's files removed at its end
+    assert Path(urlsplit(video).path).exists()  # the request's frame: until the request ends
+    reasoner.end_request("r1")
+    assert not Path(urlsplit(video).path).exists()
 
 
 def test_sampling_left_out_comes_from_the_generation_config() -> None:

@@ -27,7 +27,7 @@ import msgpack  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from sglang_omni.serve.direct.direct_fields import EDIT_FIELDS, VIDEO_FIELDS  # noqa: E402
+from sglang_omni.serve.direct.fields import EDIT_FIELDS, VIDEO_FIELDS  # noqa: E402
 from sglang_omni.serve.schemas.direct import IMAGE_OPTIONS, VIDEO_OPTIONS  # noqa: E402
 from tests.server import SCRIPTED_GENERATION, Server  # noqa: E402
 

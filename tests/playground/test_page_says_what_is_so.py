@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sglang_omni.contract import random_weights
+from sglang_omni.config import random_weights
 from tests.kit import script
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM, Server
 from tests.umm.kit import final, image

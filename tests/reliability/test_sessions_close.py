@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sglang_omni.serve.realtime.ws_messages import Sessions
+from sglang_omni.pipeline.admission.realtime import Sessions
 
 
 def test_a_session_entering_after_close_is_refused() -> None:

@@ -35,7 +35,7 @@ ENDS_WITHIN_S = REPLICA_SILENCE_S + 6
 #: New requests avoid the frozen replica once a call found it silent.
 NOTICED_WITHIN_S = ENDS_WITHIN_S + 10
 #: A stage whose server sent no heartbeat for twice its stall timeout, and at least 10 s
-#: (stage_process.MIN_SERVER_SILENCE_S), exits: with STALL_S of 5 s, 10 s after the freeze
+#: (stage.process.MIN_SERVER_SILENCE_S), exits: with STALL_S of 5 s, 10 s after the freeze
 #: (with the default 30 s, 60 s: later than Ray's graceful wait ends, so the test raced it).
 STALL_S = 5.0
 STAGES_EXIT_WITHIN_S = 10 + 15

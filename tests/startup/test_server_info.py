@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sglang_omni.contract import random_weights
+from sglang_omni.config import random_weights
 from tests.server import SCRIPTED_CHAT, SCRIPTED_UMM, Server
 
 BUILT_BY = "sgl-omni make-checkpoint --shape tiny --seed 3"

@@ -24,7 +24,7 @@ import pytest
 from sglang_omni.config.gpus import device_env
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.runtime.ipc import Channel, channel_pair, pack_header
-from sglang_omni.runtime.stage_process import stage_main
+from sglang_omni.runtime.stage.process import stage_main
 
 MiB = 1024 * 1024
 FRAME = 64 * MiB

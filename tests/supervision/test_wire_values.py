@@ -14,7 +14,7 @@ import pytest
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.errors import BadRequest, StageCallError
 from sglang_omni.media.inline import InlinePayload
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.runtime.stage.handle import StageHandle
 
 QUICK_S = 10.0  # generous: the calls fail in milliseconds; before the fix they never returned
 

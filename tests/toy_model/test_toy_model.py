@@ -1,5 +1,7 @@
 """A model package outside Omni (``tests.toy_model``) serves through Omni's routes with the
-scripted engines, named by the config's ``model_packages`` alone: its adapter's decision format
+scripted engines, registered by its ``sglang_omni.models`` entry point (a distribution's
+metadata on the server's path, :mod:`tests.toy_model.distribution`) or named by the config's
+``model_packages``, with no change to Omni: its adapter's decision format
 and prompts drive the interleaved request, and its own limits (no side over 512, sides in
 multiples of 32) are the ones the routes apply, where Cosmos3's would take the same sizes."""
 
@@ -18,14 +20,24 @@ import pytest
 
 from tests.kit import error_message, png_size, script, wait_for
 from tests.server import Server, free_port, kill_own_group
+from tests.toy_model.distribution import pythonpath_with, write_distribution
 
 HERE = Path(__file__).parent
 HTTP = httpx.Client(timeout=60)
 
 
 @pytest.fixture(scope="module")
-def toy_umm() -> Iterator[Server]:
-    server = Server("--config", str(HERE / "toy-umm-scripted.yaml"))
+def toy_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the toy model's distribution metadata (its entry point)."""
+    return write_distribution(tmp_path_factory.mktemp("toy-site"))
+
+
+@pytest.fixture(scope="module")
+def toy_umm(toy_site: Path) -> Iterator[Server]:
+    """Named by model_packages (the documented config) and found by its entry point too: it
+    registers once."""
+    server = Server("--config", str(HERE / "toy-umm-scripted.yaml"),
+                    env={"PYTHONPATH": pythonpath_with(toy_site)})
     try:
         yield server
     finally:
@@ -33,8 +45,10 @@ def toy_umm() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def toy_direct() -> Iterator[Server]:
-    server = Server("--config", str(HERE / "toy-direct-scripted.yaml"))
+def toy_direct(toy_site: Path) -> Iterator[Server]:
+    """The toy's direct config names no model package: the entry point alone registers it."""
+    server = Server("--config", str(HERE / "toy-direct-scripted.yaml"),
+                    env={"PYTHONPATH": pythonpath_with(toy_site)})
     try:
         yield server
     finally:

@@ -1,5 +1,5 @@
 """The client media budget's rules, without a server: what a request reserves before any fetch,
-and that a reservation settles and is released once (``pipeline.media_budget``)."""
+and that a reservation settles and is released once (``pipeline.admission.media_budget``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from sglang_omni.errors import ServiceUnavailable
 from sglang_omni.media import MediaPolicy
-from sglang_omni.pipeline.media_budget import MediaBudget, worst_case_bytes
+from sglang_omni.pipeline.admission.media_budget import MediaBudget, worst_case_bytes
 
 MiB = 2**20
 POLICY = MediaPolicy(max_media_bytes=256 * MiB)  # the per-fetch limit: 64 MiB

@@ -94,3 +94,32 @@ def test_a_released_state_acquires_nothing() -> None:
 
     with pytest.raises(RuntimeError, match="released"):
         asyncio.run(scenario())
+
+
+def test_a_job_state_is_released_at_once_even_if_its_task_never_ran() -> None:
+    """``end_now``: the release of a state no ``async with`` holds (a video job's, whose task
+    may be cancelled before its first step): once, at once; a state with streams refuses it."""
+    async def scenario() -> tuple[int, int, int]:
+        states, released = _states()
+        state = states.hold()
+        state.claim("job")
+
+        async def job() -> None:
+            raise AssertionError("never runs: cancelled before its first step")
+
+        task = asyncio.ensure_future(job())
+        task.add_done_callback(lambda _task: states.end_now(state))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        states.end_now(state)  # idempotent
+        streamed = states.hold()
+        streamed.closes(_stream())
+        with pytest.raises(RuntimeError):
+            states.end_now(streamed)
+        return len(released), states.live, int(states.get("job") is None)
+
+    assert asyncio.run(scenario()) == (1, 0, 1)
+
+
+async def _stream() -> AsyncGenerator[int, None]:
+    yield 1

@@ -11,8 +11,8 @@ import pytest
 
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.contract.result import StageResult
-from sglang_omni.errors import StageCallError
-from sglang_omni.runtime.stage_handle import StageHandle
+from sglang_omni.errors import ServerError, StageCallError
+from sglang_omni.runtime.stage.handle import StageHandle
 
 
 def handle() -> StageHandle:
@@ -174,5 +174,35 @@ def test_open_jobs_are_the_jobs_the_stage_holds() -> None:
         await start_call(h, "r2")
         h.dead = True  # its process is gone: it holds nothing
         assert h.open_jobs == 0
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(("bad", "field"), [
+    ({"payload": ["not", "a", "map"]}, "result.payload: expected a map, got list"),
+    ({"engine_s": "fast"}, "result.engine_s: expected a number, got str"),
+])
+def test_a_malformed_answer_for_the_call_fails_it_naming_the_field(bad: dict, field: str
+                                                                   ) -> None:
+    async def scenario(h: StageHandle) -> None:
+        task, token = await start_call(h, "r1")
+        h._on_message({**result("r1", token, "x"), **bad}, [])
+        with pytest.raises(ServerError) as caught:
+            await task
+        assert f"stage protocol error: {field}" in caught.value.message
+        assert (h.counters.failed, h.counters.dropped) == (1, 0)
+        assert not h.calls.open  # a result ends its job on the stage
+
+    run(scenario)
+
+
+def test_an_unknown_message_type_is_dropped_even_naming_the_call() -> None:
+    async def scenario(h: StageHandle) -> None:
+        task, token = await start_call(h, "r1")
+        h._on_message({"op": "added-later", "rid": "r1", "token": token}, [])
+        await settle()
+        assert not task.done() and h.counters.dropped == 1
+        h._on_message(result("r1", token, "real"), [])
+        assert (await task).payload == {"text": "real"}
 
     run(scenario)

@@ -20,7 +20,7 @@ from typing import Any
 
 from sglang_omni.contract.job import Job
 from sglang_omni.errors import BadRequest
-from sglang_omni.media import MediaPolicy, RequestMediaDir, load_bytes
+from sglang_omni.media import LazyMediaDir, MediaPolicy, load_bytes
 from sglang_omni.media.content_parts import ContentPart, message_parts
 from sglang_omni.media.gather import gather_within
 
@@ -66,7 +66,7 @@ async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
     fails like a fetch that times out)."""
     conversation = Conversation([])
     reads: list[tuple[str, Callable[[], Awaitable[MediaItem]]]] = []
-    with RequestMediaDir() as workdir:
+    with LazyMediaDir() as workdir:  # made only when a part is not one of the job's frames
         offset = int(job.payload.get("message_offset", 0))  # labels name the client's index
         for i, message in enumerate(job.payload.get("messages") or []):
             if not isinstance(message, dict):
@@ -91,14 +91,14 @@ async def read_conversation(job: Job, policy: MediaPolicy) -> Conversation:
 
 
 async def _read_media(job: Job, part: ContentPart, policy: MediaPolicy,
-                      workdir: RequestMediaDir) -> MediaItem:
+                      workdir: LazyMediaDir) -> MediaItem:
     """An image or video part's item (decoded later, when needed)."""
     import anyio
 
     url, label = part.url or "", part.label
     data = job.frame_for(url)
     if data is None:
-        data = await load_bytes(url, policy, workdir, label=label)
+        data = await load_bytes(url, policy, workdir.get(), label=label)
     data = bytes(data)
     digest = await anyio.to_thread.run_sync(_sha256, data)
     return MediaItem(str(part.kind), digest, data, label)

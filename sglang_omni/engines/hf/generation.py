@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from sglang_omni.contract.encoding_settings import video_encoding
 from sglang_omni.contract.generation_options import (
     DEFAULT_FPS,
     DEFAULT_SEED,
@@ -46,7 +47,6 @@ from sglang_omni.contract.gpu_turns import MAX_PAUSED
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import GenerationPayload, MediaResult
 from sglang_omni.contract.result import StageResult
-from sglang_omni.engines.encoding_settings import video_encoding
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.hf import denoise
 from sglang_omni.engines.hf.action import run_action, wants_action

@@ -25,15 +25,17 @@ import copy
 import logging
 import multiprocessing.connection
 import os
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from sglang_omni.aio.race import to_the_end
+from sglang_omni.aio.threads import Threads
 from sglang_omni.contract.generation_options import DEFAULT_FPS, OPTIONS
 from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.parallelism import native_gpu_count
 from sglang_omni.contract.payloads import ActionResult, GenerationPayload, MediaResult
 from sglang_omni.contract.result import StageResult
 from sglang_omni.engines.guardrails import guardrails_state
@@ -57,7 +59,6 @@ from sglang_omni.engines.native.generation_driver import (
     WorkerProcess,
     load_driver,
 )
-from sglang_omni.engines.native.parallelism import native_gpu_count
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
 from sglang_omni.media import RequestMediaDir, materialize
 from sglang_omni.media.action_refs import action_media_refs, replace_action_media
@@ -70,6 +71,8 @@ log = logging.getLogger("sglang_omni.native_generation")
 MODALITIES = ("image", "video", "action")
 #: Seconds between reads of the denoising step the plugin recorded (progress chunks).
 PROGRESS_POLL_S = 0.25
+#: The engine's close joins the threads it started within this many seconds (the rest are logged).
+THREAD_JOIN_S = 2.0
 #: Each request's native output folder under ``output_dir``: ``omni-gen-<host>.<ns>-<pid>-*``.
 OUTPUT_PREFIX = "omni-gen-"
 
@@ -116,6 +119,9 @@ class NativeGenerator:
         self._death: asyncio.Future[str] | None = None
         self._workers: list[WorkerProcess] = []
         self._closing = False
+        #: The worker watch, a release after a worker died and one thread per native call;
+        #: joined by :meth:`close` once the driver shut the workers down.
+        self.threads = Threads("native generation")
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,8 +162,7 @@ class NativeGenerator:
         self._workers = self.driver.workers()
         if self.site is not None:
             self._check_plugin_loaded(self._workers)
-        threading.Thread(target=self._watch_workers, args=(loop, self._workers), daemon=True,
-                         name="native-worker-watch").start()
+        self.threads.start(self._watch_workers, loop, self._workers, name="native-worker-watch")
         log.info("native generation ready: %d worker(s), output folders under %s",
                  len(self._workers), self.output_dir)
 
@@ -178,12 +183,15 @@ class NativeGenerator:
         return await asyncio.shield(self._death)
 
     async def close(self) -> None:
+        """Shut native SGLang down, then join the threads started here (a call's thread ends
+        as its worker goes; the worker watch as the workers exit)."""
         self._closing = True
         try:
             await asyncio.to_thread(self.driver.shutdown)
         finally:
             if self.site is not None:
                 self.site.close()
+            await asyncio.to_thread(self.threads.join, THREAD_JOIN_S)
 
     def _watch_workers(self, loop: asyncio.AbstractEventLoop,
                        workers: list[WorkerProcess]) -> None:
@@ -211,8 +219,7 @@ class NativeGenerator:
                    f"code {dead.exitcode}")
         log.error("%s; failing the running request and stopping the generation stage", message)
         self._death.set_result(message)
-        threading.Thread(target=self.driver.release, daemon=True,
-                         name="native-release").start()
+        self.threads.start(self.driver.release, name="native-release")
         return True
 
     def _raise_if_dead(self) -> None:
@@ -283,7 +290,7 @@ class NativeGenerator:
         is the growth of the files native SGLang writes there (its MP4 encode, after the last
         step, reports nothing else: a slow x264 preset must not look like a hung engine)."""
         assert self._death is not None
-        call = _on_thread(work)
+        call = _on_thread(work, self.threads)
         reported: tuple[int, int | None] | None = None
         written = 0
         try:
@@ -298,7 +305,9 @@ class NativeGenerator:
                     written = size
                     job.progress()
         except asyncio.CancelledError:
-            await self._stop(job.rid, call, folder)
+            # to its end even if cancelled again: the worker must be free before the next
+            # request (the cancellation is raised once it is)
+            await to_the_end(self._stop(job.rid, call, folder))
             raise
         if not call.done() or self._check_workers():
             self._raise_if_dead()  # a worker died: that, not its side effects, is the failure
@@ -329,11 +338,7 @@ class NativeGenerator:
         else:
             log.warning("request %s aborted, but %s; it keeps the generation stage busy until "
                         "its native generation finishes", rid, self.plan.reason)
-        while not (call.done() or self._death.done()):
-            try:
-                await asyncio.wait({call, self._death}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                continue  # already stopping; the worker must be free before the next request
+        await asyncio.wait({call, self._death}, return_when=asyncio.FIRST_COMPLETED)
         log.info("request %s: native generation ended %.2f s after the abort", rid,
                  time.monotonic() - started)
 
@@ -371,9 +376,10 @@ def written_bytes(folder: Path) -> int:
     return total
 
 
-def _on_thread(work: Callable[[], Any]) -> asyncio.Future:
-    """Run blocking ``work`` on a daemon thread (a call stuck on a dead worker must not keep
-    the process alive); its outcome resolves the returned future."""
+def _on_thread(work: Callable[[], Any], threads: Threads) -> asyncio.Future:
+    """Run blocking ``work`` on a daemon thread of ``threads`` (a call stuck on a dead worker
+    must not keep the process alive; the engine's close joins it, bounded); its outcome
+    resolves the returned future."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
 
@@ -395,5 +401,5 @@ def _on_thread(work: Callable[[], Any]) -> asyncio.Future:
         except RuntimeError:
             return  # the loop is gone
 
-    threading.Thread(target=target, daemon=True, name="native-generation").start()
+    threads.start(target, name="native-generation")
     return future

@@ -8,7 +8,6 @@ the engine over a fake one this way).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sglang_omni.config.model_imports import load_named
 from sglang_omni.engines.native.root_logging import kept_root_logging
 from sglang_omni.errors import NativeRefusal
 
@@ -80,8 +80,7 @@ def load_driver() -> DiffusionDriver:
     path = os.environ.get(DRIVER_ENV)
     if not path:
         return SGLangDiffusion()
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)()
+    return load_named(path)()
 
 
 class _ReasonLog(logging.Handler):

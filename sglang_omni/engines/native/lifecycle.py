@@ -1,7 +1,7 @@
 """Watching the processes a native engine started: the first one to exit ends the wait.
 
 A native SGLang scheduler or detokenizer that exits leaves its engine unable to serve, so the
-stage reports the failure and stops (see ``stage_process``). Each watched process is a probe
+stage reports the failure and stops (see ``runtime.stage.process``). Each watched process is a probe
 returning None while it runs and its exit code once it has exited.
 """
 
@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from multiprocessing.process import BaseProcess
 
 import psutil
+
+from sglang_omni.aio.wait import wait_set
 
 ExitProbe = Callable[[], int | None]
 #: Exit code reported for a process whose code cannot be read (not our child, or reaped).
@@ -70,7 +72,4 @@ async def first_exit(probes: Mapping[str, ExitProbe], poll_s: float = 0.2,
         if wake is None:
             await asyncio.sleep(poll_s)
         else:
-            try:
-                await asyncio.wait_for(wake.wait(), poll_s)
-            except TimeoutError:
-                pass
+            await wait_set(wake, poll_s)

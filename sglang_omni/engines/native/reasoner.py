@@ -4,8 +4,10 @@ Every request goes through native SGLang's own chat service, so the chat templat
 processing, sampling (fields a request leaves out come from the checkpoint's generation config)
 and KV cache are native SGLang's. Omni adds, around each request:
 
-* the media policy: media parts are checked, fetched or written to the request's temporary
-  folder before native SGLang sees them (``reasoner_request.localize_media``);
+* the media policy: media parts are checked, fetched or written to a temporary folder before
+  native SGLang sees them (``reasoner_request.localize_media``); the request's own frames
+  (``omni-frame://N``) are written once per request and reused by its later turns, their files
+  removed when the request ends (``frame_files``);
 * a fresh native request id per job, aborted at once when the job is cancelled (a cancelled
   request or a closed stream);
 * native's HTTP statuses: a native refusal becomes an Omni error with the same status.
@@ -40,6 +42,7 @@ from sglang.srt.managers.tokenizer_manager import ServerStatus
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import ReasonerPayload, ReasonerResult
 from sglang_omni.contract.result import StageResult
+from sglang_omni.engines.native.frame_files import FrameFiles, RequestFrameFiles
 from sglang_omni.engines.native.lifecycle import ExitProbe, first_exit, process_probe
 from sglang_omni.engines.native.reasoner_request import (
     StreamReader,
@@ -52,7 +55,7 @@ from sglang_omni.engines.native.reasoner_request import (
 from sglang_omni.engines.native.root_logging import kept_root_logging
 from sglang_omni.engines.native.server_args import WARMUP_PROMPT, resolve_server_args
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError
-from sglang_omni.media import RequestMediaDir
+from sglang_omni.media import LazyMediaDir
 from sglang_omni.media.settings import policy_from_spec
 
 log = logging.getLogger("sglang_omni.native.reasoner")
@@ -97,6 +100,7 @@ class NativeReasoner:
         self._failure_signal = asyncio.Event()
         self.engine: Any = None
         self.chat: OpenAIServingChat | None = None
+        self.frame_files = RequestFrameFiles()
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,8 +143,14 @@ class NativeReasoner:
         return f"{reason}; native SGLang cannot serve without it"
 
     async def close(self) -> None:
+        self.frame_files.close()
         if self.engine is not None:
             self.engine.shutdown()
+
+    def end_request(self, rid: str) -> None:
+        """Request ``rid`` ended (or was aborted, or failed): its frame files go (once its
+        running job, if any, has ended)."""
+        self.frame_files.end(rid)
 
     async def _warmup(self) -> None:
         manager = self.engine.tokenizer_manager
@@ -175,10 +185,19 @@ class NativeReasoner:
         payload = cast(ReasonerPayload, job.payload)
         native_rid = new_native_rid()
         log.debug("request %s runs as native request %s", job.rid, native_rid)
-        with RequestMediaDir() as workdir:
+        frame_files = self.frame_files.open(job.rid)
+        try:
+            return await self._run(job, payload, native_rid, frame_files)
+        finally:
+            self.frame_files.done(job.rid, frame_files)
+
+    async def _run(self, job: Job, payload: ReasonerPayload, native_rid: str,
+                   frame_files: FrameFiles) -> StageResult:
+        with LazyMediaDir() as workdir:  # a turn reading only its frames writes none
             messages = await localize_media(payload.get("messages") or [], job.frames,
                                             self.policy, workdir,
-                                            int(payload.get("message_offset", 0)))
+                                            int(payload.get("message_offset", 0)),
+                                            frame_files)
             fields = chat_request_fields(payload, messages, native_rid, self.known_fields,
                                          self.spec.stage)
             try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import mimetypes
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -32,11 +31,11 @@ from sglang_omni.contract.payloads import (
     Usage,
     reasoner_fields,
 )
+from sglang_omni.engines.native.frame_files import FrameFiles, write_frame
 from sglang_omni.errors import BadRequest, NativeRefusal, ServerError, is_error_status
-from sglang_omni.media import MediaPolicy, RequestMediaDir, materialize
+from sglang_omni.media import LazyMediaDir, MediaPolicy, RequestMediaDir, materialize
 from sglang_omni.media.content_parts import message_parts, without_client_label
 from sglang_omni.media.gather import gather_within
-from sglang_omni.media.types import sniff_mime
 
 MEDIA_KINDS = ("image", "video", "audio")
 
@@ -48,36 +47,40 @@ def new_native_rid() -> str:
 
 
 # --- media ------------------------------------------------------------------------------------
-def _frame_file(data: bytes | bytearray, workdir: RequestMediaDir) -> str:
-    mime = sniff_mime(bytes(data[:16]))
-    suffix = (mimetypes.guess_extension(mime) or "") if mime else ""
-    path = workdir.new_file(suffix)
-    path.write_bytes(data)
-    return path.as_uri()
+def _folder(workdir: RequestMediaDir | LazyMediaDir) -> RequestMediaDir:
+    return workdir.get() if isinstance(workdir, LazyMediaDir) else workdir
 
 
 async def _native_ref(ref: str, frames: list[bytes | bytearray], policy: MediaPolicy,
-                      workdir: RequestMediaDir, label: str) -> str:
+                      workdir: RequestMediaDir | LazyMediaDir, label: str,
+                      frame_files: FrameFiles | None) -> str:
     if ref.startswith(FRAME_SCHEME):
         index = ref[len(FRAME_SCHEME):]
         if not index.isdigit() or int(index) >= len(frames):
             raise BadRequest(f"{label}: {ref} names no inline media of this request")
+        if frame_files is not None:  # the request's file of the frame, written once
+            return await frame_files.uri(frames[int(index)])
         # megabytes written to a file: off the event loop
-        return await anyio.to_thread.run_sync(_frame_file, frames[int(index)], workdir)
-    target = await materialize(ref, policy, workdir, label=label)
+        return await anyio.to_thread.run_sync(write_frame, frames[int(index)],
+                                              _folder(workdir))
+    target = await materialize(ref, policy, _folder(workdir), label=label)
     return Path(target).as_uri()  # a checked local file or one of the request's temp files
 
 
 async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | bytearray],
-                         policy: MediaPolicy, workdir: RequestMediaDir,
-                         offset: int = 0) -> list[dict[str, Any]]:
+                         policy: MediaPolicy, workdir: RequestMediaDir | LazyMediaDir,
+                         offset: int = 0, frame_files: FrameFiles | None = None
+                         ) -> list[dict[str, Any]]:
     """A copy of ``messages`` whose media urls native SGLang can read under ``policy``
     (errors name the client's message indices: ``offset`` is
     ``ReasonerPayload.message_offset``). The parts are read a few at a time, all within the
     policy's ``request_deadline_s`` (:func:`~sglang_omni.media.gather.gather_within`).
 
     Refused references raise MediaRefused (400) and failed fetches MediaFetchFailed before
-    native SGLang loads anything; files written for the request live in ``workdir``.
+    native SGLang loads anything; files written for the turn live in ``workdir`` (a
+    ``LazyMediaDir`` is made only when one is written), and the
+    ``omni-frame://N`` media in ``frame_files`` (the request's, each frame written once) when
+    given, else in ``workdir`` too.
     """
     out: list[dict[str, Any]] = []
     #: (message index in ``out``, part index, the part's body) of each media part, in order
@@ -101,7 +104,7 @@ async def localize_media(messages: list[dict[str, Any]], frames: list[bytes | by
                                  "url")
             places.append((len(out), len(parts), body))
             reads.append((part.label, functools.partial(_native_ref, url, frames, policy,
-                                                        workdir, part.label)))
+                                                        workdir, part.label, frame_files)))
             parts.append({**without_client_label(part.part), part.type: body})
         out.append({**message, "content": parts})
     urls = await gather_within(reads, policy)

@@ -17,7 +17,7 @@ from sglang_omni.contract.actions import ACTION_MODES
 from sglang_omni.contract.actions import DEFAULT_HORIZON as ACTION_HORIZON
 from sglang_omni.contract.actions import MODEL_ACTION_DIM as PADDED_ACTION_DIM
 from sglang_omni.contract.generation_options import ACTION_OPTION_DEFAULTS
-from sglang_omni.engines.native.parallelism import PARALLEL_ARGS
+from sglang_omni.contract.parallelism import PARALLEL_ARGS
 from sglang_omni.models.cosmos3.generation_limits import ACTION_DEFAULTS
 
 #: Native ``Cosmos3SamplingParams.supported_resolutions`` (width, height), in its order.

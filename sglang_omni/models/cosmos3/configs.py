@@ -8,7 +8,7 @@ import math
 
 from sglang_omni.config.schema import PipelineConfig, register_pipeline
 from sglang_omni.config.stages import generation_stage, orchestrator_stage, reasoner_stage
-from sglang_omni.engines.encoding_settings import ENCODING_FACTORY
+from sglang_omni.contract.encoding_settings import ENCODING_FACTORY
 from sglang_omni.media.types import INLINE_LIMIT
 from sglang_omni.models.cosmos3.adapter import Cosmos3UMMAdapter
 from sglang_omni.models.cosmos3.decision import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS

@@ -43,4 +43,4 @@ class Cosmos3Model(ServedModel):
         return action_metadata.action_metadata(served_name, model_path, backend, engine_args)
 
 
-COSMOS3 = Cosmos3Model()
+COSMOS3: Cosmos3Model = Cosmos3Model()

@@ -4,7 +4,7 @@ It runs the real model code (transformers' ``Cosmos3OmniForConditionalGeneration
 Reasoner, diffusers' ``Cosmos3OmniPipeline`` for generation) on a CPU in a fraction of a second
 per call, so the ``hf`` backend, the demo and the tests run without downloading weights. The
 weights are random: the Reasoner writes gibberish and the generator paints noise. Every build
-says so in :data:`~sglang_omni.contract.random_weights.MARKER` at its root, which a server reads.
+says so in :data:`~sglang_omni.config.random_weights.MARKER` at its root, which a server reads.
 
 Layout (as the real checkpoint)::
 
@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sglang_omni.contract import random_weights
+from sglang_omni.config import random_weights
 from sglang_omni.errors import ConfigError
 
 # 2: the random-weight note (a demo checkpoint cached before it is built again, with the note).
@@ -169,7 +169,7 @@ def build_tiny_checkpoint(path: str | os.PathLike[str], seed: int = DEFAULT_SEED
 def build_into(path: str | os.PathLike[str], build: Any, built_by: str) -> Path:
     """Run ``build(folder)`` on a temporary sibling of ``path``, note that its weights are
     random (``built_by``: the command that builds it, see
-    :mod:`sglang_omni.contract.random_weights`), then rename it to ``path``.
+    :mod:`sglang_omni.config.random_weights`), then rename it to ``path``.
 
     ``path`` must not hold a checkpoint already (FileExistsError); an empty folder is replaced.
     A reader never sees a half built checkpoint; a failed build leaves nothing behind.

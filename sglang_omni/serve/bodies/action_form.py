@@ -16,7 +16,7 @@ from typing import Any
 
 from sglang_omni.errors import BadRequest
 from sglang_omni.serve.bodies.request_body import parse_json
-from sglang_omni.serve.direct.direct_fields import is_video_source
+from sglang_omni.serve.direct.fields import is_video_source
 
 NOT_PARAMETERS = ("extra_body", "extra_params", "id", "image_reference", "input_reference",
                   "prompt", "reference_url", "request_id", "task", "video_reference",

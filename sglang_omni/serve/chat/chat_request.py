@@ -97,7 +97,14 @@ def parse_chat_request(body: Any, *, reasoner_stage: str = "reasoner",
     JSON of one) and build a ChatRequest; raises BadRequest naming the field and fix. Field
     types are the model's rules; this function adds the rules between fields and the
     refusals."""
-    fields = set_fields(validate(ChatCompletionRequest, body))
+    return parse_chat_fields(set_fields(validate(ChatCompletionRequest, body)),
+                             reasoner_stage=reasoner_stage, known_stages=known_stages)
+
+
+def parse_chat_fields(fields: dict[str, Any], *, reasoner_stage: str = "reasoner",
+                      known_stages: tuple[str, ...] = ("reasoner",)) -> ChatRequest:
+    """:func:`parse_chat_request` of a validated body's :func:`set_fields` (the route walks the
+    body once and hands the same fields to the media check)."""
     for key in ("audios",):
         if key in fields:
             raise BadRequest("audios: top-level audio lists are not read by native SGLang; put "

@@ -23,7 +23,7 @@ from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.request_state import RequestState
 from sglang_omni.serve.bodies.typed_route import omni_router
-from sglang_omni.serve.chat.chat_request import parse_chat_request, set_fields
+from sglang_omni.serve.chat.chat_request import parse_chat_fields, set_fields
 from sglang_omni.serve.ops.mode_routes import ModeRoutes, check_model, refuse_generate
 from sglang_omni.serve.ops.request_log import note_rid
 from sglang_omni.serve.protocol.disconnect import ClientDisconnected, until_disconnect
@@ -46,12 +46,13 @@ def chat_routes(orchestrator: Orchestrator, served_name: str) -> ModeRoutes:
         200: {"model": ChatCompletion, "content": STREAM_DOC}, **MODEL_ERRORS})
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         """One Reasoner completion (streamed as chunks with ``stream: true``)."""
-        req = parse_chat_request(body, known_stages=stage_names)
+        fields = set_fields(body)  # one walk of the body, read by the parser and media check
+        req = parse_chat_fields(fields, known_stages=stage_names)
         check_model(req.model, served_name)
         if req.include_progress:
             raise BadRequest("stream_options.include_progress: text-only chat runs no "
                              "generations, so it has no progress to send; leave it unset")
-        refs = check_chat_request(set_fields(body), orchestrator.policy)
+        refs = check_chat_request(fields, orchestrator.policy)
         await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         return await _text_chat(request, orchestrator, req, req.model or served_name)

@@ -25,7 +25,12 @@ def parse_generate_request(body: Any, stages: tuple[str, ...]) -> ChatRequest:
     """``prompt`` (or ``messages``), chat media, sampling and stage fields; rollout artifacts
     are refused, since interleaved results carry none. ``body``: a ``GenerateRequest`` as the
     route validated it (or the parsed JSON of one); read once, never re-validated."""
-    fields = set_fields(validate(GenerateRequest, body))
+    return parse_generate_fields(set_fields(validate(GenerateRequest, body)), stages)
+
+
+def parse_generate_fields(fields: dict[str, Any], stages: tuple[str, ...]) -> ChatRequest:
+    """:func:`parse_generate_request` of a validated body's :func:`set_fields` (the route walks
+    the body once and hands the same fields to the media check)."""
     for key in fields:
         if key not in FIELDS:
             raise BadRequest(f"{key}: not a field of /generate on the interleaved pipeline; put "

@@ -23,12 +23,12 @@ from sglang_omni.pipeline.chat_request import ChatRequest
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.pipeline.progress import Progress, with_progress
 from sglang_omni.pipeline.request_state import RequestState
-from sglang_omni.pipeline.umm import Complete, Segment, UMMRequest, UMMRun, history_bytes
+from sglang_omni.pipeline.umm import Complete, Segment, UMMRun, history_bytes
 from sglang_omni.serve.bodies.request_body import parsed_on_loop
 from sglang_omni.serve.bodies.typed_route import omni_router
-from sglang_omni.serve.chat.chat_request import parse_chat_request, set_fields
+from sglang_omni.serve.chat.chat_request import parse_chat_fields, set_fields
 from sglang_omni.serve.chat.fleet_queue import waited_s
-from sglang_omni.serve.chat.generate_request import parse_generate_request
+from sglang_omni.serve.chat.generate_request import parse_generate_fields
 from sglang_omni.serve.ops.mode_routes import ModeRoutes, check_model
 from sglang_omni.serve.ops.request_log import note_rid, note_run
 from sglang_omni.serve.protocol.disconnect import ClientDisconnected, until_disconnect
@@ -78,11 +78,9 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
                                           multiple=multiple)
             history_size = history_bytes(req.messages) if parsed_on_loop(request) else \
                 await asyncio.to_thread(history_bytes, req.messages)
-            run = orchestrator.open_interleaved(state, UMMRequest(
-                rid=state.rid, messages=req.messages, sampling=req.sampling,
-                stage_params=req.stage_params, stage_sampling=req.stage_sampling,
-                response_format=req.response_format, media_policy=orchestrator.policy,
-                history_size=history_size, waited_s=waited_s(request.scope)))
+            run = orchestrator.open_interleaved(state, req.admitted(  # the UMMRequest
+                state.rid, media_policy=orchestrator.policy, history_size=history_size,
+                waited_s=waited_s(request.scope)))
         except BaseException:
             state.refused = True
             raise
@@ -115,9 +113,10 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         """An interleaved request in the OpenAI chat shape: every segment in order (streamed
         as ``delta.segment`` chunks with ``stream: true``)."""
-        req = parse_chat_request(body, known_stages=stage_names)
+        fields = set_fields(body)  # one walk of the body, read by the parser and media check
+        req = parse_chat_fields(fields, known_stages=stage_names)
         check_model(req.model, served_name)
-        refs = check_chat_request(set_fields(body), orchestrator.policy)
+        refs = check_chat_request(fields, orchestrator.policy)
         await admit_media(refs, orchestrator.policy)
         orchestrator.check_healthy()
         model = req.model or served_name
@@ -137,9 +136,10 @@ def interleaved_routes(orchestrator: Orchestrator, served_name: str) -> ModeRout
     async def generate(request: Request, body: GenerateRequest) -> Response:
         """An interleaved request: ``event: segment`` per segment, then ``event: complete``
         (or one JSON body with ``stream: false``)."""
-        req = parse_generate_request(body, stage_names)
+        fields = set_fields(body)  # one walk of the body, read by the parser and media check
+        req = parse_generate_fields(fields, stage_names)
         check_model(req.model, served_name)
-        await admit_media(check_chat_request(set_fields(body), orchestrator.policy),
+        await admit_media(check_chat_request(fields, orchestrator.policy),
                           orchestrator.policy)
         orchestrator.check_healthy()
         state = request_state(request)

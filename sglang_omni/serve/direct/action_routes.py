@@ -34,7 +34,7 @@ from sglang_omni.serve.bodies.msgpack_body import (
     with_native_arrays,
 )
 from sglang_omni.serve.bodies.multipart_body import MULTIPART
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.schemas.direct import ActionGenerationRequest
 from sglang_omni.serve.schemas.responses import ERRORS
 from sglang_omni.serve.wire.http_errors import CLIENT_CLOSED_REQUEST
@@ -100,9 +100,8 @@ def add_action_routes(router: APIRouter, ctx: DirectContext) -> None:
         body = check_action(ctx, body)
         await admit_media(action_media_refs(body), ctx.policy,
                           inline_images=action_inline_images(body))
-        rid = ctx.new_rid()
-        result = await ctx.call(request, rid, {"modality": "action", "request": body},
-                                action_media(body))
+        _, result = await ctx.call(request, {"modality": "action", "request": body},
+                                   action_media(body))
         if result is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         answer = action_answer(ctx, result, body)

@@ -25,8 +25,8 @@ from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_media_refs
 from sglang_omni.serve.bodies.body_formats import accepts
 from sglang_omni.serve.bodies.multipart_body import MULTIPART
-from sglang_omni.serve.direct.direct_context import DirectContext, single_media
-from sglang_omni.serve.direct.direct_fields import (
+from sglang_omni.serve.direct.context import DirectContext, single_media
+from sglang_omni.serve.direct.fields import (
     EDIT_FIELDS,
     IMAGE_FIELDS,
     check_image_format,
@@ -52,9 +52,8 @@ async def generate_image(request: Request, ctx: DirectContext, fields: dict[str,
     response_format = check_image_format(fields)
     ctx.model.check_generation_limits(options, ctx.settings, video=False, backend=ctx.backend,
                                       multiple=ctx.multiple)
-    rid = ctx.new_rid()
-    result = await ctx.call(request, rid, {"modality": "image", "prompt": fields["prompt"],
-                                           "options": options}, media)
+    rid, result = await ctx.call(request, {"modality": "image", "prompt": fields["prompt"],
+                                            "options": options}, media)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     data = single_media("image", result)

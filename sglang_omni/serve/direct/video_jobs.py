@@ -1,10 +1,10 @@
 """``/v1/videos`` jobs: held in memory, each running job's task owned by :class:`VideoJobs`.
 
 A finished video is held until it is deleted or :data:`VIDEO_RETENTION_S` passes; at most
-:data:`MAX_VIDEO_JOBS` jobs are held (the oldest finished one makes room; with none finished a
-new job is refused with 503). ``DELETE`` of a queued or running job cancels its task, which
-aborts the generation on the stage. :meth:`VideoJobs.close` (server shutdown) cancels every
-running job and waits for it to end.
+:data:`MAX_VIDEO_JOBS` jobs are held (the admission rule of
+:mod:`sglang_omni.pipeline.admission.video_jobs`). ``DELETE`` of a queued or running job
+cancels its task, which aborts the generation on the stage. :meth:`VideoJobs.close` (server
+shutdown) cancels every running job and waits for it to end.
 
 A job remembers the call it was made in (:data:`CALL_TAG`, set by whoever runs the app for a
 caller that may never receive the answer: a Ray Serve replica, for its gateway's fenced calls);
@@ -15,7 +15,6 @@ is held that no client knows the id of.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import weakref
@@ -25,13 +24,19 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_omni.errors import NotFound, OmniError, ServerError, ServiceUnavailable, ShuttingDown
+from sglang_omni.aio.race import to_the_end
+from sglang_omni.errors import NotFound, OmniError, ServerError, ShuttingDown
+from sglang_omni.pipeline.admission.video_jobs import (
+    MAX_VIDEO_JOBS,
+    VIDEO_RETENTION_S,
+    room_for_job,
+)
 from sglang_omni.serve.wire.http_errors import GENERIC_500
 
 log = logging.getLogger("sglang_omni.serve")
 
-MAX_VIDEO_JOBS = 64
-VIDEO_RETENTION_S = 3600
+__all__ = ["CALL_TAG", "MAX_VIDEO_JOBS", "VIDEO_RETENTION_S", "VideoJob", "VideoJobs",
+           "drop_jobs_of"]
 #: The call a job is made in (None: a plain server's request, whose answer is its client's).
 CALL_TAG: ContextVar[str | None] = ContextVar("sgl_omni_video_call", default=None)
 
@@ -112,12 +117,9 @@ class VideoJobs:
         if self._closed:
             raise ShuttingDown()
         self.expire()
-        if len(self.jobs) >= MAX_VIDEO_JOBS:
-            oldest = next((j for j in self.jobs.values() if j.finished), None)
-            if oldest is None:
-                raise ServiceUnavailable(f"{MAX_VIDEO_JOBS} video jobs are queued or running; "
-                                         "retry later")
-            del self.jobs[oldest.id]
+        oldest = room_for_job(len(self.jobs), (j.id for j in self.jobs.values() if j.finished))
+        if oldest is not None:
+            del self.jobs[oldest]
         job.call_tag = CALL_TAG.get()
         self.jobs[job.id] = job
         job.task = asyncio.create_task(self._run(job, work), name=f"video-job-{job.id}")
@@ -157,10 +159,11 @@ class VideoJobs:
         tasks = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
         for task in tasks:
             task.cancel()
-        tasks += list(self._ending)  # cancelled already: let them end
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # the ending ones were cancelled already (a second cancel would cut their cleanup short);
+        # the caller's own cancellation is not swallowed, only raised once they all ended
+        ending = [*tasks, *self._ending]
+        if ending:
+            await to_the_end(asyncio.gather(*ending, return_exceptions=True))
 
 
 _owners: weakref.WeakSet[VideoJobs] = weakref.WeakSet()

@@ -23,8 +23,8 @@ from sglang_omni.media.admission import admit_media
 from sglang_omni.media.refs import check_generation_media
 from sglang_omni.serve.bodies.body_formats import accepts
 from sglang_omni.serve.bodies.multipart_body import MULTIPART
-from sglang_omni.serve.direct.direct_context import DirectContext, single_media
-from sglang_omni.serve.direct.direct_fields import (
+from sglang_omni.serve.direct.context import DirectContext, single_media
+from sglang_omni.serve.direct.fields import (
     DEFAULT_SECONDS,
     VIDEO_FIELDS,
     flatten,
@@ -33,6 +33,7 @@ from sglang_omni.serve.direct.direct_fields import (
 )
 from sglang_omni.serve.direct.video_jobs import VideoJob
 from sglang_omni.serve.direct.video_listing import MAX_LIMIT, list_page, list_query
+from sglang_omni.serve.ops.request_log import note_rid
 from sglang_omni.serve.schemas.direct import VIDEO_OPTIONS, VideoGenerationRequest
 from sglang_omni.serve.schemas.responses import ERRORS, VideoJobList
 from sglang_omni.serve.schemas.responses import VideoJob as VideoJobBody
@@ -56,7 +57,7 @@ class VideoPlan:
 
 def plan_video(ctx: DirectContext, fields: dict[str, Any], options: dict[str, Any]) -> VideoPlan:
     """The generation a video request asks for; 400 (media policy, options, limits) before any
-    work. ``fields``/``options`` are :func:`~sglang_omni.serve.direct.direct_fields.split`'s."""
+    work. ``fields``/``options`` are :func:`~sglang_omni.serve.direct.fields.split`'s."""
     named: dict[str, str] = {}  # reference -> the client's field that gave it
     for key in REFERENCES:
         ref = fields.get(key)
@@ -101,26 +102,28 @@ def add_video_routes(router: APIRouter, ctx: DirectContext) -> None:
                                 "/v1/videos")
         plan = plan_video(ctx, fields, options)
         await admit_media(plan.media, ctx.policy)
-        handle = ctx.stage()
-        # the stage reads the job's media as it runs: they count until the job ends
-        hold = ctx.hold_media(ref for _, ref in plan.media)
-        job = VideoJob(ctx.new_rid(), fields.get("model") or ctx.served_name, plan.size,
+        # the job's state: its id, and its media (the stage reads them as it runs) held until
+        # the job ends; released by the door as the job's task ends
+        state = ctx.door.open_job(ref for _, ref in plan.media)
+        assert state.rid is not None
+        note_rid(state.rid)
+        job = VideoJob(state.rid, fields.get("model") or ctx.served_name, plan.size,
                        plan.seconds)
         response = json_response(job.body())  # answerable before it is stored
 
         async def work(job: VideoJob) -> tuple[bytes, float]:
-            result = await handle.call(job.id, {"modality": "video", "prompt": plan.prompt,
-                                                 "options": plan.options},
-                                       on_chunk=job.on_progress)
+            result = await ctx.door.run_job(state, {"modality": "video", "prompt": plan.prompt,
+                                                    "options": plan.options},
+                                            on_chunk=job.on_progress)
             return single_media("video", result), result.engine_s
 
         try:
             videos.start(job, work)
         except BaseException:
-            hold.release()
+            ctx.door.end_job(state, refused=True)
             raise
         assert job.task is not None
-        job.task.add_done_callback(lambda _task: hold.release())
+        job.task.add_done_callback(lambda _task: ctx.door.end_job(state))
         return response
 
     @router.get("/v1/videos", responses={200: {"model": VideoJobList}})

@@ -8,7 +8,7 @@ Versions: ``version`` is the native SGLang release whose routes and shapes this 
 null); ``omni_version`` is this package's. Omni adds ``pipeline``, ``mode``, ``engines`` (each
 stage's backend; ``scripted`` true when a stage runs the scripted test engines, with its
 ``scripted_notice``) and ``random_weights`` with its ``notice``
-(:mod:`sglang_omni.contract.random_weights`: the checkpoint was built with random weights). The
+(:mod:`sglang_omni.config.random_weights`: the checkpoint was built with random weights). The
 playground shows both notices.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from sglang_omni.config.random_weights import RandomWeights
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.contract.random_weights import RandomWeights
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.wire.responses import json_response
 
 #: The pinned native release (``pyproject.toml``'s ``native`` extra).

@@ -22,8 +22,7 @@ import time
 from typing import Any
 
 from sglang_omni.config.schema import ResolvedConfig
-from sglang_omni.runtime import loop_watch
-from sglang_omni.runtime.log_format import configure_logging
+from sglang_omni.pipeline.process_setup import configure_logging, loop_watch
 
 log = logging.getLogger("sglang_omni.serve")
 
@@ -112,7 +111,7 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
 
     from sglang_omni.errors import ConfigError
     from sglang_omni.pipeline.orchestrator import Orchestrator
-    from sglang_omni.runtime.allocator import bound_large_allocations
+    from sglang_omni.pipeline.process_setup import bound_large_allocations
 
     configure_logging(log_level, log_format)
     bound_large_allocations()  # before the stages start: they inherit it

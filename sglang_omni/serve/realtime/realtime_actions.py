@@ -7,7 +7,8 @@ values and ``server_timing`` (``infer_ms``, and ``prev_total_ms`` from the secon
 Requests are answered one at a time, in order.
 
 Each request takes an admission ticket of the direct routes as ``POST /v1/actions/generations``
-does (``DirectContext.admitted``), for its generation only: an idle session holds none, and one
+does (``DirectGenerations.generate_alone``: a request state of its own, with its request id, for
+its generation only; ``pipeline.admission.realtime``): an idle session holds none, and one
 over ``server.max_direct_queue`` (or the queue's wait) is refused as the HTTP route refuses it.
 A failure, a refused request included, is answered as native answers it: a message
 ``{"error": ...}`` (here the message text, with ``type`` and ``code``, 503 for a refusal:
@@ -41,7 +42,7 @@ from sglang_omni.serve.direct.action_routes import (
     check_action,
     metadata_of,
 )
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.realtime.ws_messages import WS_INTERNAL_ERROR, close, decode, receive, send
 from sglang_omni.serve.wire.http_errors import GENERIC_500
 
@@ -82,13 +83,12 @@ async def _run(ctx: DirectContext, websocket: WebSocket, body: dict[str, Any],
     """One action generation, reading on meanwhile: a client that leaves aborts it; messages
     that arrive meanwhile wait in ``held.inbox`` (at most :data:`MAX_WAITING`, then reading
     pauses)."""
-    rid = ctx.new_rid()
-    finish = await race(ctx.admitted(rid, {"modality": "action", "request": body},
-                                     action_media(body)),
+    finish = await race(ctx.door.generate_alone({"modality": "action", "request": body},
+                                                action_media(body)),
                         _hold_messages(websocket, held))
     if finish.index == 1:
         raise _Left()
-    result: StageResult = finish.value
+    result: StageResult = finish.value[1]
     return result
 
 
@@ -125,9 +125,15 @@ async def _answer(ctx: DirectContext, websocket: WebSocket, message: bytes,
 async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> None:
     """Run one realtime action connection (see the module docstring)."""
     await websocket.accept()
-    if not ctx.sessions.enter():
-        await _fail(websocket, ShuttingDown())
-        return
+    try:
+        async with ctx.door.sessions.session():
+            await _serve(websocket, ctx)
+    except ShuttingDown as exc:
+        await _fail(websocket, exc)
+
+
+async def _serve(websocket: WebSocket, ctx: DirectContext) -> None:
+    """The admitted session's messages, one at a time."""
     budget = getattr(websocket.app.state, "body_budget", None)
     held = _Held(budget if isinstance(budget, BodyBudget) else None)
     try:
@@ -160,7 +166,6 @@ async def serve_realtime_actions(websocket: WebSocket, ctx: DirectContext) -> No
             prev_total_s = time.monotonic() - started
     finally:
         held.close()
-        ctx.sessions.leave()
 
 
 async def _fail(websocket: WebSocket, exc: OmniError) -> None:

@@ -14,7 +14,8 @@ Messages are binary msgpack maps both ways (:mod:`.ws_messages` bounds and check
    "is_final_frame_batch": true, "payload": <MP4 bytes>}``. Cosmos3 is not a causal video
    model: each chunk after the first is conditioned on the last frame of the one before.
    Each chunk takes an admission ticket of the direct routes, as an image or action request
-   does (``DirectContext.admitted``), for that chunk only: requests on the HTTP routes take
+   does (``DirectGenerations.generate_alone``: a request state of its own, whose request id
+   is the chunk's ``request_id``), for that chunk only: requests on the HTTP routes take
    their turns between a session's chunks, and a refused chunk (``server.max_direct_queue``)
    ends the session as a failed one does.
 3. Meanwhile the client may send ``{"type": "event", "kind": "prompt", "payload": "..."}``:
@@ -29,16 +30,16 @@ Messages are binary msgpack maps both ways (:mod:`.ws_messages` bounds and check
 
 One session runs at a time (the generation stage serves one generation at a time): a second is
 answered ``{"type": "error", "content": "another realtime session is already active"}`` and
-closed with 1008, as native does, unless the first ends within :data:`SLOT_WAIT_S` (a session
+closed with 1008, as native does, unless the first ends within ``SLOT_WAIT_S`` (a session
 whose client left keeps the slot until the stage has ended its aborted chunk, so a client that
-reconnects at once waits for that instead of being refused).
+reconnects at once waits for that instead of being refused). These session rules are
+``pipeline.admission.realtime``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -53,8 +54,9 @@ from sglang_omni.media.admission import admit_media
 from sglang_omni.media.decode import decode_mp4_frames
 from sglang_omni.media.encode import encode_png
 from sglang_omni.media.refs import iter_generation_media_refs
-from sglang_omni.serve.direct.direct_context import DirectContext, single_media
-from sglang_omni.serve.direct.direct_fields import VIDEO_FIELDS, flatten, split
+from sglang_omni.pipeline.admission.realtime import SessionSlotTaken, session_chunks
+from sglang_omni.serve.direct.context import DirectContext, single_media
+from sglang_omni.serve.direct.fields import VIDEO_FIELDS, flatten, split
 from sglang_omni.serve.direct.video_routes import VideoPlan, plan_video
 from sglang_omni.serve.realtime.ws_messages import (
     WS_NORMAL,
@@ -74,8 +76,6 @@ from sglang_omni.serve.wire.validation import validate
 
 log = logging.getLogger("sglang_omni.serve")
 ROUTE = "/v1/realtime_video/generate"
-#: Seconds a new session waits for the one session slot before it is refused.
-SLOT_WAIT_S = 5.0
 #: Native's realtime defaults (``RealtimeVideoGenerationsRequest``) where the init leaves them.
 REALTIME_DEFAULTS = {k: ACTION_OPTION_DEFAULTS[k] for k in ("seed", "guidance_scale")}
 REALTIME_SIZE = f"{ACTION_OPTION_DEFAULTS['width']}x{ACTION_OPTION_DEFAULTS['height']}"
@@ -112,11 +112,8 @@ def start_session(ctx: DirectContext, value: Any) -> Session:
                          '"prompt": ...}')
     body = flatten(validate(RealtimeVideoInit, value), ctx.settings)
     body.pop("type")
-    first_frame, max_chunks = body.pop("first_frame", None), body.pop("max_chunks", None)
-    most = ctx.settings.max_realtime_chunks
-    if max_chunks is not None and max_chunks > most:
-        raise BadRequest(f"max_chunks: at most {most} (server.max_realtime_chunks), got "
-                         f"{max_chunks}")
+    first_frame = body.pop("first_frame", None)
+    max_chunks = session_chunks(body.pop("max_chunks", None), ctx.settings.max_realtime_chunks)
     if body.pop("condition_inputs", None) is not None:
         raise BadRequest("condition_inputs: Cosmos3 takes no realtime conditions; steer the "
                          "session with prompt events")
@@ -137,7 +134,7 @@ def start_session(ctx: DirectContext, value: Any) -> Session:
         plan = dataclasses.replace(plan, media=tuple(
             ("first_frame" if label == "input_reference" else label, ref)
             for label, ref in plan.media))
-    return Session(plan, plan.prompt, most if max_chunks is None else max_chunks)
+    return Session(plan, plan.prompt, max_chunks)
 
 
 async def _init(ctx: DirectContext, websocket: WebSocket) -> Session | None:
@@ -177,10 +174,9 @@ async def _generate(ctx: DirectContext, websocket: WebSocket, session: Session) 
     each under its own admission ticket."""
     options = dict(session.plan.options)
     for index in range(session.max_chunks):
-        rid = ctx.new_rid()
-        result = await ctx.admitted(rid, {"modality": "video", "prompt": session.prompt,
-                                          "options": dict(options)},
-                                    [ref for _, ref in iter_generation_media_refs(options)])
+        rid, result = await ctx.door.generate_alone(
+            {"modality": "video", "prompt": session.prompt, "options": dict(options)},
+            [ref for _, ref in iter_generation_media_refs(options)])
         data = single_media("video", result)
         message = {"type": "frame_batch", "request_id": rid, "chunk_index": index,
                    "content_type": "video/mp4", "num_frames": options["num_frames"],
@@ -232,35 +228,17 @@ async def _run(ctx: DirectContext, websocket: WebSocket) -> None:
 
 
 def add_realtime_video_route(router: APIRouter, ctx: DirectContext) -> None:
-    active: set[int] = set()
-    freed = asyncio.Condition()
-
-    async def slot_free() -> bool:
-        """Whether the slot is free now or within SLOT_WAIT_S."""
-        async with freed:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SLOT_WAIT_S):
-                    await freed.wait_for(lambda: not active)
-            return not active
-
     @router.websocket(ROUTE)
     async def realtime_video(websocket: WebSocket) -> None:
         """A realtime video session (see ``serve.realtime_video``)."""
         await websocket.accept()
-        if not await slot_free():
+        try:
+            async with ctx.door.sessions.video_session():
+                await _run(ctx, websocket)
+        except SessionSlotTaken:
             await send(websocket, {"type": "error",
                                    "content": "another realtime session is already active"})
             await close(websocket, WS_POLICY_VIOLATION, "another realtime session is active")
-            return
-        if not ctx.sessions.enter():
+        except ShuttingDown:
             await send(websocket, {"type": "error", "content": ShuttingDown().message})
             await close(websocket, WS_TRY_AGAIN_LATER, "the server is shutting down")
-            return
-        active.add(id(websocket))
-        try:
-            await _run(ctx, websocket)
-        finally:
-            ctx.sessions.leave()
-            active.discard(id(websocket))
-            async with freed:
-                freed.notify_all()

@@ -4,13 +4,12 @@
 at most ``server.max_body_bytes`` (uvicorn closes a larger one with 1009, ``ws_max_size``), its
 bytes count in the server's body budget while uvicorn buffers it (:mod:`.ws_protocol`), and
 :func:`decode` checks it as an HTTP msgpack body is checked (depth, wire values, numpy maps;
-400 naming the path). :class:`Sessions` owns the running sessions, so server shutdown cancels
-them (each then aborts its generation) and waits for them to end.
+400 naming the path). The sessions themselves are admitted and owned by the pipeline
+(``pipeline.admission.realtime``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Collection
@@ -87,35 +86,3 @@ async def close(websocket: WebSocket, code: int, why: str = "") -> None:
 def error_body(exc: OmniError) -> dict[str, Any]:
     """The error object (``{"message", "type", "code"}``) of every error message."""
     return exc.to_body()["error"]
-
-
-class Sessions:
-    """The realtime sessions running now; :meth:`close` cancels them at shutdown."""
-
-    def __init__(self) -> None:
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.closed = False
-
-    def enter(self) -> bool:
-        """Register the current task as a session; False (not registered) once :meth:`close`
-        ran: the server is shutting down and the caller must end the connection."""
-        if self.closed:
-            return False
-        task = asyncio.current_task()
-        if task is not None:
-            self.tasks.add(task)
-        return True
-
-    def leave(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self.tasks.discard(task)
-
-    async def close(self) -> None:
-        self.closed = True
-        tasks = [t for t in self.tasks if not t.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task

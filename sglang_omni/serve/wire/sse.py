@@ -15,15 +15,14 @@ one home of that rule); :func:`stream_error` turns an unexpected exception into 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from sglang_omni.aio.merge import keep_alive
 from sglang_omni.errors import OmniError, ServerError
-from sglang_omni.pipeline.read_ahead import end_read_ahead
 from sglang_omni.serve.ops.request_log import note_failure
 from sglang_omni.serve.wire.http_errors import GENERIC_500
 from sglang_omni.serve.wire.wire_json import dumps
@@ -86,35 +85,12 @@ async def ends_with_done(events: AsyncGenerator[str, None], framing: str,
     yield SSE_DONE
 
 
-async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
+def with_keepalive(events: AsyncIterator[str], interval_s: float) -> AsyncGenerator[str, None]:
     """``events``, with :data:`SSE_KEEPALIVE` sent whenever nothing came for ``interval_s``
     seconds (``<= 0``: never). Closing or cancelling this iterator cancels the pending read of
-    ``events`` and closes it, so no task outlives the response."""
-    pending: asyncio.Future[str] | None = None
-    try:
-        while interval_s <= 0:
-            try:
-                item = await anext(events)
-            except StopAsyncIteration:
-                return
-            yield item
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            await asyncio.wait({pending}, timeout=interval_s)  # no set of it kept here
-            if not pending.done():
-                yield SSE_KEEPALIVE
-                continue
-            read, pending = pending, None
-            try:
-                item = read.result()
-            except StopAsyncIteration:
-                return
-            finally:  # the read keeps its exception, whose traceback keeps this frame: a cycle
-                del read  # that would hold the whole response until a full garbage collection
-            yield item
-    finally:
-        await end_read_ahead(events, pending)
+    ``events`` and closes it, so no task outlives the response
+    (:func:`~sglang_omni.aio.merge.keep_alive`)."""
+    return keep_alive(events, interval_s, SSE_KEEPALIVE)
 
 
 def sse_response(events: AsyncIterator[str], keepalive_s: float) -> StreamingResponse:

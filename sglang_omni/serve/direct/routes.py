@@ -25,7 +25,7 @@ from __future__ import annotations
 from sglang_omni.pipeline.orchestrator import Orchestrator
 from sglang_omni.serve.bodies.typed_route import omni_router
 from sglang_omni.serve.direct.action_routes import add_action_routes
-from sglang_omni.serve.direct.direct_context import DirectContext
+from sglang_omni.serve.direct.context import DirectContext
 from sglang_omni.serve.direct.image_routes import add_image_routes
 from sglang_omni.serve.direct.video_routes import add_video_routes
 from sglang_omni.serve.ops.info_routes import add_info_routes

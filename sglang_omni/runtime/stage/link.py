@@ -1,8 +1,9 @@
 """The server's end of a stage channel, run on the event loop: no threads, no hand-offs.
 
 The wire is :mod:`sglang_omni.runtime.ipc`'s (a msgpack header, its raw frames, then the long
-texts set aside; each piece an 8-byte length and its bytes), so the stage process reads it with
-``ipc.Channel`` as before.
+texts set aside; each piece an 8-byte length and its bytes), and so is its framing: messages are
+packed by ``ipc.pack_message`` and ``ipc.wire_pieces`` and put together by ``ipc.Incoming``, as
+the stage process's ``ipc.Channel`` does; this module only moves the bytes on the loop.
 
 Receiving: the loop's selector says when the socket is readable. Small pieces are parsed out of
 one staging buffer; a piece larger than it is received straight into its own buffer (one copy
@@ -33,10 +34,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import msgpack
-
+from sglang_omni.contract.messages import ProtocolError
 from sglang_omni.contract.result import Frames
-from sglang_omni.runtime.ipc import PackedHeader, WireFrame, put_texts_back, wire_pieces
+from sglang_omni.runtime.ipc import Incoming, PackedHeader, WireFrame, wire_pieces
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -86,11 +86,7 @@ class StageLink:
         self._end = 0
         self._big: bytearray | None = None  # a piece too large for staging, being received
         self._big_got = 0
-        self._header: dict[str, Any] | None = None  # of the message being received
-        self._frames: Frames = []
-        self._texts: list[str] = []
-        self._nframes = 0
-        self._ntexts = 0
+        self._incoming: Incoming | None = None  # the message being received
         # sending
         self._queue: deque[_Outgoing] = deque()
         self._writer_on = False
@@ -170,7 +166,7 @@ class StageLink:
     @property
     def _receiving(self) -> bool:
         """Whether part of a message arrived and the rest has not."""
-        return self._big is not None or self._header is not None or self._end > self._start
+        return self._big is not None or self._incoming is not None or self._end > self._start
 
     def _read_some(self) -> None:
         budget = READ_BUDGET
@@ -235,28 +231,18 @@ class StageLink:
             self._compact()
 
     def _piece(self, piece: bytearray) -> None:
-        if self._header is None:
+        if self._incoming is None:
             try:
-                header = msgpack.unpackb(piece)
-                if not isinstance(header, dict):
-                    raise ValueError(f"a header that is not a map: {type(header).__name__}")
-            except Exception:  # noqa: BLE001 - a garbled header is dropped, not fatal
-                log.exception("%s: undecodable message from the stage", self._name)
+                self._incoming = Incoming(piece)
+            except ProtocolError as exc:  # a garbled header is dropped, not fatal
+                log.error("%s: undecodable message from the stage: %s", self._name, exc)
                 return
-            self._header = header
-            self._nframes = int(header.pop("nframes", 0) or 0)
-            self._ntexts = int(header.pop("ntexts", 0) or 0)
-            self._frames, self._texts = [], []
-        elif len(self._frames) < self._nframes:
-            self._frames.append(piece)
         else:
-            self._texts.append(piece.decode("ascii"))
-        if len(self._frames) < self._nframes or len(self._texts) < self._ntexts:
+            self._incoming.add(piece)
+        if self._incoming.wants() is not None:
             return
-        header, frames, texts = self._header, self._frames, self._texts
-        self._header, self._frames, self._texts = None, [], []
-        if texts:
-            put_texts_back(header, texts)
+        header, frames = self._incoming.finish()
+        self._incoming = None
         try:
             self._on_message(header, frames)
         except Exception:  # noqa: BLE001 - a handler's bug must not stop the link

@@ -2,7 +2,7 @@
 
 A ``pong`` carries the stage's media counters (``media``), its engine's own counters
 (``engine``), what it keeps of its requests' media (``request_media``) and its device memory
-(``gpu``); see :mod:`sglang_omni.runtime.stage_process`. :meth:`StageReports.pong` takes one
+(``gpu``); see :mod:`sglang_omni.runtime.stage.process`. :meth:`StageReports.pong` takes one
 (ignoring what is malformed) and says whether the media counters moved (media arriving for a
 stage's jobs is a sign of progress). :meth:`StageReports.new_process` is called when a process
 of the stage starts: the counters of the process before are added to those kept so far, and what
@@ -12,6 +12,8 @@ described the running process (gauges, held media, device memory) is cleared.
 from __future__ import annotations
 
 from typing import Any
+
+from sglang_omni.contract.messages import Pong
 
 #: Engine stats (``pong.engine``) that describe the running process, not counts since it began.
 #: (``paused``, ``paused_bytes``: a generation stage's paused jobs, ``contract.gpu_turns``.)
@@ -41,21 +43,14 @@ class StageReports:
         #: answer (``runtime.request_media``; empty until the first, and after it exits).
         self.request_media: dict[str, int] = {}
 
-    def pong(self, header: dict[str, Any]) -> bool:
+    def pong(self, pong: Pong) -> bool:
         """Take a heartbeat answer; True when its media counters moved since the last."""
-        moved = False
-        media = header.get("media")
-        if isinstance(media, dict):
-            moved = media != self.media
-            self.media = media
-        gpu = header.get("gpu")
-        self.gpu_memory = _ints(gpu) if isinstance(gpu, dict) else None
-        held = header.get("request_media")
-        if isinstance(held, dict):
-            self.request_media = _ints(held)
-        engine = header.get("engine")
-        if isinstance(engine, dict):
-            self.engine = _ints(engine, floats=True)
+        moved = pong.media != self.media
+        self.media = pong.media
+        self.gpu_memory = _ints(pong.gpu) if pong.gpu is not None else None
+        self.request_media = _ints(pong.request_media)
+        if pong.engine is not None:
+            self.engine = _ints(pong.engine, floats=True)
         return moved
 
     def new_process(self) -> None:

@@ -1,5 +1,6 @@
 """Admission of the direct image and action requests (the routes whose client waits for the
-answer) on the generation stage, as every other route has one.
+answer), each action of a realtime action session and each chunk of a realtime video session
+(:mod:`.realtime`) on the generation stage, as every other route has one.
 
 At most ``server.max_direct_queue`` of them are queued or running at once: the next is refused
 with 503 (``Retry-After``) before any work. They start one at a time, in arrival order (the
@@ -13,9 +14,8 @@ counted by reason (``direct_queue``, ``direct_plan``, ``direct_wait``) in the se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from sglang_omni.errors import ServiceUnavailable
 
@@ -23,9 +23,25 @@ from sglang_omni.errors import ServiceUnavailable
 _SMOOTHING = 0.3
 
 
+class DirectTicket:
+    """One direct request's turn on the generation stage; :meth:`release` (idempotent) ends
+    it: the next request in line starts, and the time it held the stage is measured."""
+
+    def __init__(self, admission: DirectAdmission) -> None:
+        self._admission = admission
+        self._started = time.monotonic()
+        self.released = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self._admission._ended(time.monotonic() - self._started)
+
+
 class DirectAdmission:
-    """The queue of one server's image and action requests. One event loop; :meth:`slot`
-    counts a request from its entry to its end."""
+    """The queue of one server's image and action requests. One event loop; a request counts
+    from its :meth:`enter` to its ticket's release."""
 
     def __init__(self, limit: int, wait_s: float,
                  on_refused: Callable[[str], None] = lambda _: None) -> None:
@@ -40,9 +56,9 @@ class DirectAdmission:
         self.on_refused(reason)
         return ServiceUnavailable(message)
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold the stage for one request (503 when refused; see the module contract)."""
+    async def enter(self) -> DirectTicket:
+        """Wait for the stage's turn: the ticket that holds it (503 when refused; see the
+        module contract). Cancelled while waiting, the request leaves the queue."""
         if self.held >= self.limit:
             raise self._refuse("direct_queue", f"{self.held} image and action requests are "
                                f"queued or running (server.max_direct_queue {self.limit}); "
@@ -53,20 +69,21 @@ class DirectAdmission:
                                f"than server.direct_wait_s ({self.wait_s:g} s); retry later")
         self.held += 1
         try:
-            try:
-                async with asyncio.timeout(self.wait_s):
-                    await self._turn.acquire()
-            except TimeoutError:
-                raise self._refuse("direct_wait", f"waited {self.wait_s:g} s "
-                                   "(server.direct_wait_s) for the generation stage behind "
-                                   "other requests; retry later") from None
-            started = time.monotonic()
-            try:
-                yield
-            finally:
-                self._turn.release()
-                took = time.monotonic() - started
-                self.job_s = took if self.job_s is None \
-                    else (1 - _SMOOTHING) * self.job_s + _SMOOTHING * took
-        finally:
+            async with asyncio.timeout(self.wait_s):
+                await self._turn.acquire()
+        except TimeoutError:
             self.held -= 1
+            raise self._refuse("direct_wait", f"waited {self.wait_s:g} s "
+                               "(server.direct_wait_s) for the generation stage behind "
+                               "other requests; retry later") from None
+        except BaseException:
+            self.held -= 1
+            raise
+        return DirectTicket(self)
+
+    def _ended(self, took: float) -> None:
+        """A ticket's release: the next request starts; ``took`` updates the measured time."""
+        self._turn.release()
+        self.job_s = took if self.job_s is None \
+            else (1 - _SMOOTHING) * self.job_s + _SMOOTHING * took
+        self.held -= 1

@@ -1,6 +1,6 @@
 """The faults of a stage and what its requests are told: an exit, a stall, a hang, shutdown.
 
-``StageFaults`` is the part of :class:`~sglang_omni.runtime.stage_handle.StageHandle` that ends
+``StageFaults`` is the part of :class:`~sglang_omni.runtime.stage.handle.StageHandle` that ends
 calls because of the stage's process:
 
 * ``stall(silent_s)`` (no heartbeat answered for the stall timeout) and ``hang(silent_s)`` (no
@@ -21,11 +21,12 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from sglang_omni.contract.messages import Abort, ToStage
 from sglang_omni.errors import OmniError, StageDied
 
 if TYPE_CHECKING:
-    from sglang_omni.runtime.stage_calls import CallTable
-    from sglang_omni.runtime.stage_reports import StageReports
+    from sglang_omni.runtime.stage.calls import CallTable
+    from sglang_omni.runtime.stage.reports import StageReports
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -65,7 +66,7 @@ class StageFaults:
 
     # what the handle provides: post a message to the stage, kill its process, take its exit,
     # and whether a process is running
-    _post: Callable[[dict[str, Any]], None]
+    _post: Callable[[ToStage], None]
     _kill: Callable[[], None]
     _exited: Callable[[], None]
     _has_process: Callable[[], bool]
@@ -138,7 +139,7 @@ class StageFaults:
         self.calls.end_aborting()
         if not self.dead:
             for rid in aborted:
-                self._post({"op": "abort", "rid": rid})
+                self._post(Abort(rid))
         return len(aborted)
 
     def _fail_all(self, message: Callable[[str], str]) -> list[str]:

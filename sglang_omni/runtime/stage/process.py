@@ -1,6 +1,7 @@
 """The entry point of a stage process: build the engine, say ready, serve jobs until told to stop.
 
-Protocol (see ``ipc.Channel``), server -> stage: ``submit {rid, token, payload, order?}`` +
+Protocol (the types of :mod:`sglang_omni.contract.messages`, over ``ipc.Channel``; what the
+server sends is dispatched by type), server -> stage: ``submit {rid, token, payload, order?}`` +
 frames (``order``: the request's admission time on the server's monotonic clock; a generation
 stage runs its jobs in GPU turns, the oldest request's first, pausing a younger job at a
 denoising step boundary: :mod:`sglang_omni.contract.gpu_turns`; absent: the time it arrived),
@@ -27,7 +28,9 @@ message}``, ``aborted {rid, token}``, ``progress {rid, token}`` (the engine's ``
 at most one per job every :data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
 ``fatal {message}`` when the engine's ``watch()`` reports it can no longer serve (the stage
 then exits with code 3). A message is packed by the code that sends it, so a result or chunk
-the wire cannot carry fails that request (``error``) instead of vanishing.
+the wire cannot carry fails that request (``error``) instead of vanishing. A message from the
+server that fails to decode is logged as a protocol error; a ``submit`` that still names its
+``rid`` and ``token`` is answered ``error`` (500) naming the field, and the stage serves on.
 
 The stage leads its own process group, so the server can take down the stage and every child it
 started with one signal, and it dies with the server (PR_SET_PDEATHSIG). Once the server's
@@ -51,13 +54,35 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from sglang_omni.aio.race import race
+from sglang_omni.aio.threads import Threads, join_all
 from sglang_omni.config.schema import PROCESS_FACTORY
 from sglang_omni.config.stages import GENERATION_FACTORY
 from sglang_omni.contract.gpu_turns import GpuTurns, Turn
 from sglang_omni.contract.job import EngineSpec, Job
+from sglang_omni.contract.messages import (
+    Abort,
+    Aborted,
+    Chunk,
+    End,
+    Error,
+    Failed,
+    Fatal,
+    Ping,
+    Pong,
+    Progress,
+    ProtocolError,
+    Ready,
+    Result,
+    Shutdown,
+    Submit,
+    ToServer,
+    ToStage,
+    decode_to_stage,
+    job_of,
+)
 from sglang_omni.contract.result import Frames
 from sglang_omni.engines.base import build_engine
 from sglang_omni.engines.memory_faults import (
@@ -87,6 +112,9 @@ MIN_SERVER_SILENCE_S = 10.0
 DIRECT_SEND_BYTES = 64 * 1024
 #: A job's progress reports reach the server at most this often (the rest are dropped).
 PROGRESS_EVERY_S = 0.5
+#: At exit, the stage's threads are joined within this many seconds (those left are logged;
+#: the server kills a stage that has not exited 5 s after it asked it to stop).
+THREAD_JOIN_S = 2.0
 
 
 def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level: str,
@@ -102,8 +130,28 @@ def stage_main(spec: EngineSpec, device_env: str, sock: socket.socket, log_level
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server coordinates Ctrl-C
     configure_logging(log_level, log_format, stage=spec.stage)
-    code = asyncio.run(_StageServer(spec, Channel(sock)).serve())
+    code = asyncio.run(_StageServer(spec, Channel(sock),
+                                    stop_reading=lambda: _shut_reading(sock)).serve())
+    join_all(THREAD_JOIN_S)  # what an engine's close left (each owner logs its own)
+    _log_threads_left()
     sys.exit(code)
+
+
+def _shut_reading(sock: socket.socket) -> None:
+    """End the reader thread's blocked read (it sees the end of the stream); sending goes on."""
+    try:
+        sock.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass  # the connection is gone already: the reader has seen it
+
+
+def _log_threads_left() -> None:
+    """Say which threads besides the main thread are still running as the stage exits."""
+    left = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if left:
+        log.warning("exiting with %d thread(s) still running: %s", len(left), ", ".join(left))
+    else:
+        log.info("exiting: no thread left besides the main thread")
 
 
 def _process_started() -> float:
@@ -162,9 +210,14 @@ def _log_send_failure(sent: Future) -> None:
 
 
 class _StageServer:
-    def __init__(self, spec: EngineSpec, channel: Channel) -> None:
+    def __init__(self, spec: EngineSpec, channel: Channel,
+                 stop_reading: Callable[[], None] = lambda: None) -> None:
         self.spec = spec
         self.channel = channel
+        #: The reader and server-watch threads; stopped and joined as :meth:`serve` ends.
+        self.threads = Threads(f"the {spec.stage} stage")
+        self._stop_reading = stop_reading
+        self._exiting = threading.Event()
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="stage-send")
         #: Messages queued for the sender thread and not sent yet, and the event loop's thread.
         self._queue_lock = threading.Lock()
@@ -182,8 +235,11 @@ class _StageServer:
             budget = GENERATION_FACTORY["pause_budget_bytes"].default
         self.turns = GpuTurns(int(budget)) \
             if spec.role == "generation" else None
+        #: What each message from the server does (on the loop; ``Ping`` is the reader's).
+        self._handlers: dict[type, Callable[[Any, Frames], None]] = {
+            Submit: self._submit, Abort: self._abort, End: self._end, Shutdown: self._shutdown}
 
-    def send(self, header: dict[str, Any], frames: Frames | None = None) -> None:
+    def send(self, message: ToServer, frames: Frames | None = None) -> None:
         """Send a message to the server; ordered, safe from any thread. Packs here, so
         WireEncodeError reaches the caller when the header cannot be carried.
 
@@ -191,9 +247,9 @@ class _StageServer:
         socket's buffer takes it: no hand-off to the sender thread); any other waits its turn
         in the sender thread's queue, so what a thread sent before the loop's message still
         goes first."""
-        packed = pack_header(header, len(frames or []))
+        packed = pack_header(message, len(frames or []))
         size = packed.nbytes + sum(len(frame) for frame in frames or [])
-        op = str(header.get("op"))
+        op = message.op
         with self._queue_lock:
             direct = self._queued == 0 and size <= DIRECT_SEND_BYTES \
                 and threading.get_ident() == self._loop_thread
@@ -218,18 +274,17 @@ class _StageServer:
         except (OSError, EOFError):
             log.warning("server connection lost; dropping %s", op)
 
-    def _send_now(self, header: dict[str, Any], frames: Frames | None) -> None:
+    def _send_now(self, message: ToServer, frames: Frames | None) -> None:
         try:
-            self.channel.send(header, frames)
+            self.channel.send(message, frames)
         except (OSError, EOFError, ValueError):
-            log.warning("server connection lost; dropping %s", header.get("op"))
+            log.warning("server connection lost; dropping %s", message.op)
 
-    def send_error(self, base: dict[str, Any], error: OmniError) -> None:
-        """Fail a request with ``error``'s status, type and message; a message that is not valid
-        Unicode is escaped, never dropped."""
+    def send_error(self, rid: str, token: int, error: OmniError) -> None:
+        """Fail job ``token`` of request ``rid`` with ``error``'s status, type and message; a
+        message that is not valid Unicode is escaped, never dropped."""
         safe = error.message.encode("utf-8", "backslashreplace").decode("utf-8")
-        self.send({"op": "error", **base, "status": error.status, "type": error.type,
-                   "message": safe})
+        self.send(Error(rid, token, safe, error.status, error.type))
 
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
@@ -244,19 +299,19 @@ class _StageServer:
             await self.engine.start()
         except Exception as exc:  # noqa: BLE001 - any startup failure is reported, then exit 1
             log.error("startup failed: %s\n%s", exc, traceback.format_exc())
-            self._send_now({"op": "failed", "message": str(exc)}, None)
+            self._send_now(Failed(str(exc)), None)
             self._stop_children()
             return 1
         # Installed after start: a native engine may install its own handlers while starting.
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
-        threading.Thread(target=self._read_loop, args=(loop,), daemon=True).start()
+        self.threads.start(self._read_loop, loop, name="stage-reader", stop=self._stop_reading)
         stall_s = float(self.spec.factory.get("stall_timeout_s")
                         or PROCESS_FACTORY["stall_timeout_s"].default)
         silence_s = max(MIN_SERVER_SILENCE_S, SERVER_SILENCE_FACTOR * stall_s)
-        threading.Thread(target=self._watch_server, args=(silence_s,), daemon=True,
-                         name="server-watch").start()
-        self._send_now({"op": "ready", "pid": os.getpid(), "stops_server_on_exit": bool(
-            getattr(self.engine, "stops_server_on_exit", False))}, None)
+        self.threads.start(self._watch_server, silence_s, name="server-watch",
+                           stop=self._exiting.set)
+        self._send_now(Ready(os.getpid(), bool(
+            getattr(self.engine, "stops_server_on_exit", False))), None)
         log.info("ready (backend %s) %.1f s after the process started: %.1f s to reach the "
                  "engine, %.1f s in the engine's start (%s)",
                  self.spec.backend, time.time() - _process_started(), began - _process_started(),
@@ -265,7 +320,7 @@ class _StageServer:
         fatal = await self._until_stop_or_failure()
         if fatal is not None:
             log.error("stopping: %s", fatal)
-            self.send({"op": "fatal", "message": fatal})  # queued: jobs may be sending
+            self.send(Fatal(fatal))  # queued: jobs may be sending
         for job, task, _ in list(self.jobs.values()):
             job.cancelled.set()
             task.cancel()
@@ -274,7 +329,13 @@ class _StageServer:
         await self.engine.close()
         self._stop_children()
         self.sender.shutdown(wait=True)
+        await asyncio.to_thread(self._stop_threads)
         return 0 if fatal is None else FATAL_EXIT_CODE
+
+    def _stop_threads(self) -> None:
+        """Stop the reader (its read ends) and the server watch, and join them."""
+        self._exiting.set()
+        self.threads.join(THREAD_JOIN_S)
 
     async def _until_stop_or_failure(self) -> str | None:
         """Wait for a shutdown request (None) or the engine's failure report (its message)."""
@@ -297,20 +358,14 @@ class _StageServer:
             except Exception:  # noqa: BLE001
                 child.kill()
 
-    def _pong(self, seq: Any) -> None:
+    def _pong(self, seq: int | None) -> None:
         """Answer a heartbeat (``seq``: None when sent unasked, while a message is arriving)."""
-        pong = {"op": "pong", "seq": seq, "media": MEDIA_STATS.snapshot(),
-                "request_media": self.media.stats()}
-        gpu = device_memory()
-        if gpu is not None:
-            pong["gpu"] = gpu
         stats = getattr(self.engine, "stats", None)
         engine = dict(stats()) if stats is not None else {}
         if self.turns is not None:
             engine.update(self.turns.stats())
-        if engine:
-            pong["engine"] = engine
-        self._send_now(pong, None)
+        self._send_now(Pong(seq, MEDIA_STATS.snapshot(), dict(self.media.stats()),
+                            device_memory(), engine or None), None)
 
     def _receiving(self, moved: bool) -> None:
         """A long message is arriving: answer the heartbeat waiting behind it; while its bytes
@@ -321,27 +376,42 @@ class _StageServer:
 
     def _read_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
+            header: dict[str, Any] | None = None
             try:
                 # a long message (a request's media) is answered for while it arrives: the
                 # server's ping waits behind it
                 header, frames = self.channel.recv(keepalive=self._receiving)
+                message = decode_to_stage(header)
             except (EOFError, OSError):
-                loop.call_soon_threadsafe(self.stopping.set)
+                if not self._exiting.is_set():
+                    loop.call_soon_threadsafe(self.stopping.set)
                 return
+            except ProtocolError as exc:  # a server bug: reported, the stage serves on
+                self._protocol_error(header, exc)
+                continue
             except Exception:  # noqa: BLE001 - a garbled message is dropped, not fatal
                 log.exception("undecodable message from the server")
                 continue
-            if header.get("op") == "ping":  # answered here: the event loop may be busy
+            if isinstance(message, Ping):  # answered here: the event loop may be busy
                 self.last_ping = time.monotonic()
-                self._pong(header.get("seq"))
+                self._pong(message.seq)
                 continue
-            loop.call_soon_threadsafe(self._handle, header, frames)
+            loop.call_soon_threadsafe(self._handle, message, frames)
+
+    def _protocol_error(self, header: dict[str, Any] | None, exc: ProtocolError) -> None:
+        """A message from the server failed to decode: log it, and fail the job it names
+        plainly, if any, with one error answer (its request ends instead of waiting)."""
+        log.error("a message from the server failed to decode (a server bug): %s", exc)
+        job = job_of(header)
+        if job is not None and exc.message_type == Submit.op:
+            self.send_error(*job, ServerError(
+                f"the {self.spec.stage} stage could not read request {job[0]}'s job ({exc}); "
+                "report this server bug"))
 
     def _watch_server(self, limit_s: float) -> None:
         """Take the stage's process group down once the server, having begun its heartbeats,
         sent none for ``limit_s`` (a thread: the event loop may be busy)."""
-        while True:
-            time.sleep(min(1.0, limit_s / 4))
+        while not self._exiting.wait(min(1.0, limit_s / 4)):
             last = self.last_ping
             if last is not None and time.monotonic() - last > limit_s:
                 log.error("the server sent no heartbeat for %.0f s (it is frozen or gone); "
@@ -350,57 +420,62 @@ class _StageServer:
                 kill_group(os.getpgid(0))
                 return
 
-    def _handle(self, header: dict[str, Any], frames: Frames) -> None:
-        op = header.get("op")
-        if op == "submit":
-            rid, token = header["rid"], header["token"]
-            if rid in self.jobs:
-                self.send_error({"rid": rid, "token": token},
-                                BadRequest(f"request {rid} is already running on this stage"))
+    def _handle(self, message: ToStage, frames: Frames) -> None:
+        """Apply a message from the server (on the loop), by its type."""
+        self._handlers[type(message)](message, frames)
+
+    def _shutdown(self, _: Shutdown, __: Frames) -> None:
+        self.stopping.set()
+
+    def _abort(self, message: Abort, __: Frames) -> None:
+        entry = self.jobs.get(message.rid)
+        if entry is not None:
+            job, task, _ = entry
+            job.cancelled.set()
+            task.cancel()
+        self._end_request(message.rid)
+
+    def _end(self, message: End, __: Frames) -> None:
+        self._end_request(message.rid)
+
+    def _submit(self, message: Submit, frames: Frames) -> None:
+        rid, token = message.rid, message.token
+        if rid in self.jobs:
+            self.send_error(rid, token,
+                            BadRequest(f"request {rid} is already running on this stage"))
+            return
+        if message.wire_error is not None:  # a server bug: the request fails, the stage serves on
+            log.error("request %s: %s", rid, message.wire_error)
+            self.send_error(rid, token, ServerError(
+                f"the {self.spec.stage} stage received request {rid}'s media garbled "
+                f"({message.wire_error}); report this server bug"))
+            return
+        if message.media is not None:
+            try:
+                frames = self.media.frames_for(rid, message.media, frames)
+            except OmniError as exc:
+                log.warning("request %s failed: %s", rid, exc.message)
+                self.send_error(rid, token, exc)
                 return
-            if "wire_error" in header:  # a server bug: the request fails, the stage serves on
-                log.error("request %s: %s", rid, header["wire_error"])
-                self.send_error({"rid": rid, "token": token}, ServerError(
-                    f"the {self.spec.stage} stage received request {rid}'s media garbled "
-                    f"({header['wire_error']}); report this server bug"))
-                return
-            if "media" in header:
-                try:
-                    frames = self.media.frames_for(rid, header["media"], frames)
-                except OmniError as exc:
-                    log.warning("request %s failed: %s", rid, exc.message)
-                    self.send_error({"rid": rid, "token": token}, exc)
-                    return
 
-            def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
-                self.send({"op": "chunk", "rid": r, "token": t, "data": data})
+        def emit(data: dict[str, Any], r: str = rid, t: int = token) -> None:
+            self.send(Chunk(r, t, data))
 
-            job = Job(rid, header["payload"], frames, emit=emit,
-                      progress=self._progress_reporter(rid, token))
-            if self.turns is not None:
-                order = header.get("order")
-                job.turn = self.turns.turn(
-                    rid, float(order) if isinstance(order, int | float) else time.monotonic(),
-                    job.cancelled, job.progress)
-            task = asyncio.get_running_loop().create_task(self._run(job))
-            started = time.perf_counter()
+        job = Job(rid, message.payload, frames, emit=emit,
+                  progress=self._progress_reporter(rid, token))
+        if self.turns is not None:
+            order = message.order
+            job.turn = self.turns.turn(
+                rid, float(order) if order is not None else time.monotonic(),
+                job.cancelled, job.progress)
+        task = asyncio.get_running_loop().create_task(self._run(job))
+        started = time.perf_counter()
 
-            def done(t: asyncio.Task, j: Job = job, k: int = token, t0: float = started) -> None:
-                self._finished(j, k, t, t0)
+        def done(t: asyncio.Task, j: Job = job, k: int = token, t0: float = started) -> None:
+            self._finished(j, k, t, t0)
 
-            task.add_done_callback(done)
-            self.jobs[rid] = (job, task, token)
-        elif op == "abort":
-            entry = self.jobs.get(header["rid"])
-            if entry is not None:
-                job, task, _ = entry
-                job.cancelled.set()
-                task.cancel()
-            self._end_request(header["rid"])
-        elif op == "end":
-            self._end_request(header["rid"])
-        elif op == "shutdown":
-            self.stopping.set()
+        task.add_done_callback(done)
+        self.jobs[rid] = (job, task, token)
 
     async def _run(self, job: Job) -> Any:
         """The engine's run of ``job``, within its GPU turn on a generation stage."""
@@ -422,7 +497,7 @@ class _StageServer:
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S:
                 last[0] = now
-                self.send({"op": "progress", "rid": rid, "token": token})
+                self.send(Progress(rid, token))
 
         return progress
 
@@ -438,35 +513,35 @@ class _StageServer:
         self.jobs.pop(job.rid, None)
         if job.turn is not None:
             _paused_spans(job.spans, job.turn)
-        base = {"rid": job.rid, "token": token}
+        rid = job.rid
         if task.cancelled():
-            log.info("request %s aborted", job.rid)
-            self.send({"op": "aborted", **base})
+            log.info("request %s aborted", rid)
+            self.send(Aborted(rid, token))
             return
         exc = task.exception()
         if exc is None:
             result = task.result()
             try:
-                self.send({"op": "result", **base, "payload": result.payload,
-                           "engine_s": time.perf_counter() - started, "spans": job.spans},
-                          result.frames)
+                self.send(Result(rid, token, cast(dict[str, Any], result.payload),
+                                 time.perf_counter() - started, job.spans), result.frames)
             except WireEncodeError as bad:
                 log.error("request %s: its result cannot be sent: %s", job.rid, bad)
-                self.send_error(base, ServerError(
+                self.send_error(rid, token, ServerError(
                     f"the {self.spec.stage} stage produced a result the stage wire cannot carry "
                     f"({bad}); report this engine bug"))
         elif isinstance(exc, OmniError):
             log.warning("request %s failed: %s", job.rid, exc.message)
-            self.send_error(base, exc)
+            self.send_error(rid, token, exc)
         elif is_out_of_memory(exc):  # the request fails; the stage frees its memory and serves on
             log.error("request %s: out of memory: %s", job.rid, exc)
-            self.send_error(base, out_of_memory_error(self.spec.stage, self.spec.role, str(exc)))
+            self.send_error(rid, token,
+                            out_of_memory_error(self.spec.stage, self.spec.role, str(exc)))
             _drop_tracebacks(exc)
             self._end_request(job.rid)  # the request fails: what the engine keeps for it goes
             free_device_memory()
         else:  # an engine bug fails the request, not the stage
             log.error("request %s failed: %s\n%s", job.rid, exc,
                       "".join(traceback.format_exception(exc)))
-            self.send_error(base, ServerError(  # the detail is logged, never sent
+            self.send_error(rid, token, ServerError(  # the detail is logged, never sent
                 f"the {self.spec.stage} stage failed this request unexpectedly; its log has the "
                 "details"))

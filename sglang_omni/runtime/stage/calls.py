@@ -21,16 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.contract.job import clean_spans
+from sglang_omni.contract.messages import JOB_ENDS, Aborted, Chunk, Error, Result
 from sglang_omni.contract.result import Frames, StageResult
-from sglang_omni.errors import OmniError, ServerError, StageCallError
+from sglang_omni.errors import OmniError, StageCallError
 
 log = logging.getLogger("sglang_omni.runtime")
 
 ChunkCallback = Callable[[dict[str, Any]], None]
-
-#: The stage's messages that end a job, and those about a job (each a sign of progress).
-JOB_ENDS = frozenset({"result", "error", "aborted"})
-JOB_OPS = JOB_ENDS | {"chunk", "progress"}
 
 
 @dataclass
@@ -128,36 +125,55 @@ class CallTable:
             return 0.0
         return max(0.0, time.monotonic() - self.last_progress)
 
-    def on_job_message(self, op: str, header: dict[str, Any], frames: Frames) -> None:
-        """Apply a job message of the stage (``op`` in :data:`JOB_OPS`, but ``progress``)."""
+    def on_job_message(self, message: Chunk | Result | Error | Aborted, frames: Frames) -> None:
+        """Apply a job message of the stage (a ``progress`` is the handle's)."""
         self.last_progress = time.monotonic()
-        rid = header.get("rid")
-        token = header.get("token")
-        if op in JOB_ENDS and isinstance(rid, str) and isinstance(token, int):
-            self.open.discard((rid, token))
-            ended = self._aborting.pop((rid, token), None)
-            if ended is not None and not ended.done():
-                ended.set_result(None)  # an aborted job's last word, whichever it is
-        if op == "aborted":
+        rid, token = message.rid, message.token
+        if isinstance(message, JOB_ENDS):
+            self._job_ended(rid, token)
+        if isinstance(message, Aborted):
             self.counters.aborted += 1
             return
-        pending = self.pending.get(rid) if isinstance(rid, str) else None
-        if pending is None or token != pending.token or pending.future.done():
+        pending = self._pending_of(rid, token)
+        if pending is None:
             self.counters.dropped += 1
-            log.debug("%s: dropped stale %s for %s", self.stage, op, rid)
+            log.debug("%s: dropped stale %s for %s", self.stage, message.op, rid)
             return
-        if op == "chunk":
+        if isinstance(message, Chunk):
             if pending.on_chunk is not None:
-                pending.on_chunk(header.get("data") or {})
-        elif op == "result":
+                pending.on_chunk(message.data)
+        elif isinstance(message, Result):
             self.counters.completed += 1
             pending.future.set_result(StageResult(
-                header.get("payload") or {}, frames, float(header.get("engine_s", 0.0)),
-                self.stage, spans=clean_spans(header.get("spans"))))
-        elif op == "error":
-            self.counters.failed += 1
-            pending.future.set_exception(StageCallError(
-                str(header.get("message")), int(header.get("status", ServerError.status)),
-                str(header.get("type", ServerError.type))))
+                message.payload, frames, float(message.engine_s), self.stage,
+                spans=clean_spans(message.spans)))
         else:
-            self.counters.dropped += 1
+            self.counters.failed += 1
+            pending.future.set_exception(StageCallError(message.message, message.status,
+                                                        message.type))
+
+    def fail_malformed(self, rid: str, token: int, ended: bool, error: OmniError) -> bool:
+        """A message about job ``token`` of ``rid`` failed to decode: fail its call with
+        ``error`` (``ended``: the message was one that ends a job). False when no call waits
+        for that job (the message is then dropped like a stale one)."""
+        self.last_progress = time.monotonic()
+        if ended:
+            self._job_ended(rid, token)
+        pending = self._pending_of(rid, token)
+        if pending is None:
+            return False
+        self.counters.failed += 1
+        pending.future.set_exception(error)
+        return True
+
+    def _pending_of(self, rid: str, token: int) -> Pending | None:
+        pending = self.pending.get(rid)
+        if pending is None or token != pending.token or pending.future.done():
+            return None
+        return pending
+
+    def _job_ended(self, rid: str, token: int) -> None:
+        self.open.discard((rid, token))
+        ended = self._aborting.pop((rid, token), None)
+        if ended is not None and not ended.done():
+            ended.set_result(None)  # an aborted job's last word, whichever it is

@@ -1,15 +1,15 @@
 """The server's handle on one stage: launch, ready handshake, calls, aborts, faults, shutdown.
 
 Every call carries the request id and a fresh dispatch token; a message from the stage whose
-(rid, token) is not the pending call's is dropped (:mod:`sglang_omni.runtime.stage_calls`), so a
+(rid, token) is not the pending call's is dropped (:mod:`sglang_omni.runtime.stage.calls`), so a
 late, duplicated or forged result never advances a request. When the stage process dies, every
 pending call fails at once with ``StageDied`` and the handle reports unhealthy. At server
 shutdown ``end_calls`` fails them with the shutdown's error and aborts their jobs.
 
 A handle runs one process at a time: ``respawn()`` starts a fresh one after a death (the
 ``runtime.supervisor`` decides when), so ``orchestrator.stages[name]`` stays the same object.
-Each process has its own channel (:class:`~sglang_omni.runtime.stage_link.StageLink`) and exit
-watch (:class:`~sglang_omni.runtime.stage_child.StageChild`), tagged with a generation number;
+Each process has its own channel (:class:`~sglang_omni.runtime.stage.link.StageLink`) and exit
+watch (:class:`~sglang_omni.runtime.stage.child.StageChild`), tagged with a generation number;
 messages and the exit of an older process are ignored.
 
 Everything runs on the server's event loop, with no thread between a call and the stage's
@@ -17,6 +17,12 @@ socket: ``call`` packs its header and writes it (and its frames) to the socket i
 own step, and the stage's answers are read and applied by the loop's reader callback. A value
 the wire cannot carry fails ``call`` at once (BadRequest naming it), and a send that fails
 later fails its request at once; nothing sent is fire-and-forget.
+
+Messages are the types of :mod:`sglang_omni.contract.messages`; what the stage sends is decoded
+and dispatched by type (``_handlers``). One that fails to decode (a bug on the stage's side) is a
+protocol error: the call of the job it names (by a plain ``rid`` and the call's ``token``) fails
+at once with a ServerError naming the message type and field, and the job is aborted on the
+stage unless the message ended it; anything else is logged and counted as dropped.
 """
 
 from __future__ import annotations
@@ -27,9 +33,30 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sglang_omni.contract.job import EngineSpec
+from sglang_omni.contract.messages import (
+    JOB_END_OPS,
+    Abort,
+    Aborted,
+    Chunk,
+    End,
+    Error,
+    Failed,
+    Fatal,
+    Ping,
+    Pong,
+    Progress,
+    ProtocolError,
+    Ready,
+    Result,
+    Shutdown,
+    Submit,
+    ToStage,
+    decode_to_server,
+    job_of,
+)
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import BadRequest, ServerError, StageDied
 from sglang_omni.runtime.ipc import (
@@ -39,17 +66,16 @@ from sglang_omni.runtime.ipc import (
     pack_header,
     pack_message,
 )
-from sglang_omni.runtime.stage_calls import (
-    JOB_OPS,
+from sglang_omni.runtime.stage.calls import (
     CallTable,
     ChunkCallback,
     Pending,
     StageCounters,
 )
-from sglang_omni.runtime.stage_child import StageChild
-from sglang_omni.runtime.stage_faults import StageFaults
-from sglang_omni.runtime.stage_link import StageLink
-from sglang_omni.runtime.stage_reports import StageReports
+from sglang_omni.runtime.stage.child import StageChild
+from sglang_omni.runtime.stage.faults import StageFaults
+from sglang_omni.runtime.stage.link import StageLink
+from sglang_omni.runtime.stage.reports import StageReports
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -114,6 +140,12 @@ class StageHandle(StageFaults):
         self.job_listeners: list[Callable[[str, float], None]] = []
         #: Scratch folders being removed off the loop (``stop`` waits for them).
         self._removals: set[asyncio.Future[None]] = set()
+        #: What each message from the stage does (on the loop).
+        self._handlers: dict[type, Callable[[Any, Frames], None]] = {
+            Pong: self._on_pong, Progress: self._on_progress, Chunk: self.calls.on_job_message,
+            Result: self.calls.on_job_message, Error: self.calls.on_job_message,
+            Aborted: self.calls.on_job_message, Ready: self._on_ready, Fatal: self._on_fatal,
+            Failed: self._on_failed}
 
     # --- what the server reads ----------------------------------------------------------------
     @property
@@ -243,7 +275,8 @@ class StageHandle(StageFaults):
         # counted from the spawn (the server may spawn its stages well before it waits)
         left = self.startup_timeout_s - (time.monotonic() - self._spawned_at)
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready_future), max(0.0, left))
+            async with asyncio.timeout(max(0.0, left)):  # a cancellation always propagates
+                await asyncio.shield(self._ready_future)
             if self._ready_after is not None and self._ready_after > self.startup_timeout_s:
                 raise TimeoutError
         except TimeoutError:
@@ -284,13 +317,12 @@ class StageHandle(StageFaults):
         if rid in self.calls.pending:
             raise ServerError(f"request {rid} already has a call in flight on {self.name}")
         token = self.calls.token()
-        header: dict[str, Any] = {"op": "submit", "rid": rid, "token": token,
-                                  "payload": payload,
-                                  "order": time.monotonic() if order is None else order}
-        if media is not None:
-            header["media"] = {"keys": list(media["keys"]), "new": list(media["new"])}
+        submit = Submit(rid, token, cast(dict[str, Any], payload),
+                        time.monotonic() if order is None else order,
+                        None if media is None else {"keys": list(media["keys"]),
+                                                    "new": list(media["new"])})
         try:
-            packed = pack_message(header, frames or [])
+            packed = pack_message(submit, frames or [])
         except WireEncodeError as exc:
             where = exc.path.removeprefix("payload.") if exc.path else "the request"
             raise BadRequest(
@@ -342,25 +374,24 @@ class StageHandle(StageFaults):
         if pending is not None and not pending.future.done():
             pending.future.cancel()
         if not self.dead:
-            self._post({"op": "abort", "rid": rid})
+            self._post(Abort(rid))
 
     def end_request(self, rid: str) -> None:
         """Tell the stage request ``rid`` ended, so it drops what it keeps for the request
         across calls (the hf Reasoner's context); nothing to send to a stage that is gone."""
         if self.ready and not self.dead:
-            self._post({"op": "end", "rid": rid})
+            self._post(End(rid))
 
     def ping(self) -> None:
         """Send a heartbeat; the stage's reader thread answers it (``last_seen`` moves on)."""
         if self.ready and not self.dead:
-            self._post({"op": "ping", "seq": next(self._pings)})
+            self._post(Ping(next(self._pings)))
 
-    def _post(self, header: dict[str, Any]) -> None:
+    def _post(self, message: ToStage) -> None:
         """Send a control message (abort, end, ping, shutdown); a failure is logged (the stage
         is gone or going, and its death is handled by the exit watch)."""
-        op = str(header.get("op"))
-        self._send(pack_header(header), None, lambda exc: log.debug(
-            "%s: could not send %s (stage gone): %r", self.name, op, exc))
+        self._send(pack_header(message), None, lambda exc: log.debug(
+            "%s: could not send %s (stage gone): %r", self.name, message.op, exc))
 
     def _send(self, packed: Any, frames: Sequence[WireFrame] | None,
               on_error: Callable[[BaseException], None]) -> None:
@@ -394,31 +425,53 @@ class StageHandle(StageFaults):
         if gen is not None and gen != self._generation:
             return
         self.last_seen = time.monotonic()
-        op = header.get("op")
-        if op == "pong":
-            if self.reports.pong(header):  # media arriving for its jobs is progress too
-                self.calls.last_progress = self.last_seen
+        try:
+            message = decode_to_server(header)
+        except ProtocolError as exc:
+            self._on_malformed(header, exc)
             return
-        if op in JOB_OPS:
-            if op == "progress":
-                self.calls.last_progress = self.last_seen
-            else:
-                self.calls.on_job_message(op, header, frames)
-            return
-        if op == "ready":
-            self.stops_server_on_exit = bool(header.get("stops_server_on_exit"))
-            if self._ready_future and not self._ready_future.done():
-                self._ready_after = time.monotonic() - self._spawned_at
-                self._ready_future.set_result(None)
-        elif op == "fatal":
-            self.fatal_message = str(header.get("message"))
-            log.error("the %s stage failed: %s", self.name, self.fatal_message)
-        elif op == "failed":
-            if self._ready_future and not self._ready_future.done():
-                self._ready_future.set_exception(StageStartupError(
-                    f"the {self.name} stage failed to start: {header.get('message')}"))
-        else:
+        self._handlers[type(message)](message, frames)
+
+    def _on_malformed(self, header: dict[str, Any], exc: ProtocolError) -> None:
+        """A message from the stage failed to decode (a bug on the stage's side): the call of
+        the job it names plainly, if any, fails with one error naming the field, and the job
+        is aborted on the stage unless the message ended it; anything else (a type this server
+        does not know among them: the wire grows by adding) is dropped."""
+        log.error("%s: a message from the stage failed to decode: %s", self.name, exc)
+        job = job_of(header)
+        if job is None or exc.field == "op":
             self.counters.dropped += 1
+            return
+        rid, token = job
+        ended = exc.message_type in JOB_END_OPS
+        error = ServerError(f"the {self.name} stage answered request {rid} with a message the "
+                            f"server cannot read ({exc}); report this bug")
+        if not self.calls.fail_malformed(rid, token, ended, error):
+            self.counters.dropped += 1
+        elif not ended and not self.dead:
+            self._post(Abort(rid))
+
+    def _on_pong(self, pong: Pong, _: Frames) -> None:
+        if self.reports.pong(pong):  # media arriving for its jobs is progress too
+            self.calls.last_progress = self.last_seen
+
+    def _on_progress(self, _: Progress, __: Frames) -> None:
+        self.calls.last_progress = self.last_seen
+
+    def _on_ready(self, ready: Ready, _: Frames) -> None:
+        self.stops_server_on_exit = ready.stops_server_on_exit
+        if self._ready_future and not self._ready_future.done():
+            self._ready_after = time.monotonic() - self._spawned_at
+            self._ready_future.set_result(None)
+
+    def _on_fatal(self, fatal: Fatal, _: Frames) -> None:
+        self.fatal_message = fatal.message
+        log.error("the %s stage failed: %s", self.name, self.fatal_message)
+
+    def _on_failed(self, failed: Failed, _: Frames) -> None:
+        if self._ready_future and not self._ready_future.done():
+            self._ready_future.set_exception(StageStartupError(
+                f"the {self.name} stage failed to start: {failed.message}"))
 
     # --- the process --------------------------------------------------------------------------
     def _kill(self) -> None:
@@ -455,13 +508,15 @@ class StageHandle(StageFaults):
         if child is None:
             return
         if child.is_alive():
-            self._post({"op": "shutdown"})
+            self._post(Shutdown())
             await child.wait(grace_s)
         if child.is_alive():
             child.kill_group(signal.SIGTERM)
             await child.wait(3.0)
         child.kill_group()
         await child.wait(3.0)
+        if not child.is_alive():
+            await child.join_threads(2.0)
         self._remove_scratch()
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)

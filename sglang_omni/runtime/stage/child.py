@@ -1,7 +1,7 @@
 """One stage process as the server sees it: spawn, exit notice on the event loop, signals, and
 the process's temporary-file folder.
 
-:meth:`StageChild.spawn` starts ``stage_process.stage_main`` with the ``spawn`` method, pinned to
+:meth:`StageChild.spawn` starts ``stage.process.stage_main`` with the ``spawn`` method, pinned to
 its GPUs, with a fresh temporary-file folder (``scratch``), and returns the server's end of its
 channel. ``on_exit()`` is called on the loop once the process has exited, after it was reaped
 (``exitcode`` is then set): the loop's selector watches a pidfd (Linux 5.3 and later), so no
@@ -21,14 +21,14 @@ import shutil
 import signal
 import socket
 import tempfile
-import threading
 from collections.abc import Callable
 
+from sglang_omni.aio.threads import Threads
 from sglang_omni.config.gpus import device_env
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.runtime.ipc import channel_pair
 from sglang_omni.runtime.proc import kill_led_group
-from sglang_omni.runtime.stage_process import stage_main
+from sglang_omni.runtime.stage.process import stage_main
 
 log = logging.getLogger("sglang_omni.runtime")
 
@@ -50,6 +50,9 @@ class StageChild:
         self.sock = ours
         self._theirs = theirs
         self._pidfd: int | None = None
+        #: The thread that joins the process where the kernel has no pidfd (it ends with the
+        #: process; :meth:`join_threads` joins it once the process was stopped).
+        self._threads = Threads(f"the {spec.stage} stage's exit watch")
 
     def spawn(self) -> socket.socket:
         """Start the process and watch for its exit; the server's end of its channel."""
@@ -75,8 +78,7 @@ class StageChild:
         try:
             self._pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):  # no pidfd here: a thread joins the process
-            threading.Thread(target=self._join_thread, daemon=True,
-                             name=f"{self.process.name}-watch").start()
+            self._threads.start(self._join_thread, name=f"{self.process.name}-watch")
             return
         self._loop.add_reader(self._pidfd, self._reaped)
 
@@ -99,6 +101,13 @@ class StageChild:
         self.process.join(0)  # reaps the zombie: exitcode is set
         self.exited.set_result(None)
         self._on_exit()
+
+    async def join_threads(self, timeout_s: float) -> list[str]:
+        """Join the exit-watch thread, if any (call once the process is gone; off the loop);
+        the names of those still running, logged."""
+        if not self._threads.alive():
+            return []
+        return await asyncio.to_thread(self._threads.join, timeout_s)
 
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the process to exit; whether it did."""
