@@ -178,7 +178,8 @@ async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event
             _drain(queue)
             cancelled = False
             try:
-                await asyncio.wait_for(asyncio.shield(task), grace_s)
+                async with asyncio.timeout(grace_s):
+                    await asyncio.shield(task)
             except TimeoutError:
                 pass
             except asyncio.CancelledError:  # the caller's (not the app's): raised after the

@@ -434,8 +434,8 @@ class OmniGateway(FleetAnswers):
         if self.fence is None:
             return False
         try:
-            return bool(await asyncio.wait_for(self.fence[0].give_up.remote(call_id),
-                                               FENCE_TIMEOUT_S))
+            async with asyncio.timeout(FENCE_TIMEOUT_S):
+                return bool(await self.fence[0].give_up.remote(call_id))
         except Exception as exc:  # noqa: BLE001 - not known to be given up: not retried
             log.warning("the gateway's call fence did not answer (%s): call %s is not asked "
                         "of another replica", exc, call_id)
@@ -458,7 +458,8 @@ class OmniGateway(FleetAnswers):
         limit: float | None = self.replica_silence_s
         while True:
             try:
-                item = await asyncio.wait_for(call.__anext__(), limit)
+                async with asyncio.timeout(limit):
+                    item = await call.__anext__()
             except StopAsyncIteration:
                 raise StreamCut("the replica's stream stopped before its end") from None
             except TimeoutError:
@@ -510,8 +511,8 @@ class _Abandon:
         False if it released its answer first (the answer is on its way: wait for it). A fence
         that does not answer: True (the client is not kept waiting on a silent replica)."""
         try:
-            return bool(await asyncio.wait_for(self.actor.abandon.remote(self.call_id),
-                                               FENCE_TIMEOUT_S))
+            async with asyncio.timeout(FENCE_TIMEOUT_S):
+                return bool(await self.actor.abandon.remote(self.call_id))
         except Exception as exc:  # noqa: BLE001 - the client gets its error; logged
             log.warning("the gateway's call fence did not answer (%s): call %s may still run "
                         "on its replica when that replica resumes", exc, self.call_id)
