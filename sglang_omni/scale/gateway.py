@@ -64,7 +64,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, cast
 
@@ -127,6 +127,8 @@ REPLICA_DIED = ("the replica serving this request exited (its server process die
 FLEET_READ_S = 1.2
 #: Methods whose calls are not fenced: asking another replica cannot run anything twice.
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: Characters of a retried answer's body the gateway logs (its error message).
+REFUSAL_LOGGED = 300
 #: Seconds the gateway waits for its fence's answer before it takes the call as taken.
 FENCE_TIMEOUT_S = 10.0
 #: Seconds a replica's call may bring nothing (not even its keep-alive) before the gateway
@@ -141,6 +143,8 @@ class _Refused:
 
     replicas: tuple[str, ...]
     status: int
+    #: The start of the dropped answer's body (its error message), for the retry's log line.
+    detail: str = ""
 
 
 def stream_failure(path: str, exc: OmniError) -> bytes:
@@ -324,9 +328,10 @@ class OmniGateway(FleetAnswers):
                                           arrived_at, rid, pin)
             if refused is None:
                 return
-            log.info("replica %s answered %s %s with %d; asking another replica",
+            log.info("replica %s answered %s %s with %d; asking another replica%s",
                      " or ".join(refused.replicas), scope["method"], scope["path"],
-                     refused.status)
+                     refused.status, f" (it said {refused.detail[:REFUSAL_LOGGED]!r})"
+                     if refused.detail else "")
             self.metrics.retries.labels(status=str(refused.status)).inc()
             tried.extend(refused.replicas)
             attempt += 1
@@ -409,6 +414,10 @@ class OmniGateway(FleetAnswers):
                             held = _Refused((replica,), message["status"])
                     if held is None:
                         await send(message)
+                    elif message["type"] == "http.response.body" and \
+                            len(held.detail) < REFUSAL_LOGGED:
+                        body = bytes(message.get("body", b""))[:REFUSAL_LOGGED]
+                        held = replace(held, detail=held.detail + body.decode(errors="replace"))
             return held
         except (asyncio.CancelledError, RequestCancelledError):
             raise

@@ -205,3 +205,21 @@ def test_a_silent_replica_is_taken_back_once_it_records_its_stats_again() -> Non
     assert "thawed" in excluded(None)
     silent_replicas.heard_from("thawed", marked + 0.5)  # recorded after the mark: it runs
     assert "thawed" not in excluded(None)
+
+
+def test_a_retried_refusal_is_logged_with_what_the_replica_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A 503 is retried on another replica, so its client never sees it: the gateway's log
+    line of the retry carries the refusal's message (why the replica refused)."""
+    said = b'{"error": {"message": "server.max_active 1 requests are running", "code": 503}}'
+    refused = ScriptedCall(["replica-d", [
+        {"type": "http.response.start", "status": 503, "headers": []},
+        {"type": "http.response.body", "body": said, "more_body": False}], STREAM_END],
+        gap_s=0.0)
+    served = ScriptedCall(["replica-e", ANSWER, STREAM_END], gap_s=0.0)
+    handle = ScriptedHandle([("replica-d", refused), ("replica-e", served)])
+    with caplog.at_level("INFO", logger="sglang_omni"):
+        assert relay_through(handle, retries=1) == ANSWER
+    retry = [r.getMessage() for r in caplog.records if "asking another replica" in r.getMessage()]
+    assert len(retry) == 1 and "replica-d" in retry[0], retry
+    assert "server.max_active 1 requests are running" in retry[0], retry
