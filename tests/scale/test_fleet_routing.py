@@ -76,9 +76,10 @@ def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayClu
     answers = []
     for _ in range(4):  # each once the other replica let the last one go (a loaded machine's
         # release lags its answer: the next request was planned behind it, and refused there too)
-        fleet.wait(lambda s: not any(r["in_flight"] or r["planned_in_flight"] for r in s
+        fleet.wait(lambda s: not any(r["in_flight"] or r["planned_in_flight"]
+                                     or r["quote"]["active"] for r in s
                                      if r["replica"] != busy["replica"]),
-                   what="the other replica idle")
+                   what="the other replica idle (its planner's active requests too)")
         answers.append(httpx.post(f"{fleet.url}/generate", json={"prompt": ONE_IMAGE,
                                                                  "stage_params": GEN}, timeout=60))
     if [a.status_code for a in answers] != [200] * 4:  # the whole story, not truncated
