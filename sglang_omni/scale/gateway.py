@@ -143,7 +143,8 @@ class _Refused:
 
     replicas: tuple[str, ...]
     status: int
-    #: The start of the dropped answer's body (its error message), for the retry's log line.
+    #: The dropped answer's body, its first REFUSAL_LOGGED characters (its error message),
+    #: for the retry's log line.
     detail: str = ""
 
 
@@ -330,7 +331,7 @@ class OmniGateway(FleetAnswers):
                 return
             log.info("replica %s answered %s %s with %d; asking another replica%s",
                      " or ".join(refused.replicas), scope["method"], scope["path"],
-                     refused.status, f" (it said {refused.detail[:REFUSAL_LOGGED]!r})"
+                     refused.status, f" (it said {refused.detail!r})"
                      if refused.detail else "")
             self.metrics.retries.labels(status=str(refused.status)).inc()
             tried.extend(refused.replicas)
@@ -417,7 +418,8 @@ class OmniGateway(FleetAnswers):
                     elif message["type"] == "http.response.body" and \
                             len(held.detail) < REFUSAL_LOGGED:
                         body = bytes(message.get("body", b""))[:REFUSAL_LOGGED]
-                        held = replace(held, detail=held.detail + body.decode(errors="replace"))
+                        detail = held.detail + body.decode(errors="replace")
+                        held = replace(held, detail=detail[:REFUSAL_LOGGED])
             return held
         except (asyncio.CancelledError, RequestCancelledError):
             raise
