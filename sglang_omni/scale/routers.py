@@ -27,6 +27,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from sglang_omni.scale import fleet_members, routed_calls, silent_replicas
 from sglang_omni.scale.ranking import Since, deadline_order, rotation, should_wait
+from sglang_omni.serve.ops.service_paths import is_service
 
 #: Seconds after which the router forgets a call (a replica whose stats stopped coming).
 FORGET_S = 3600.0
@@ -77,6 +78,17 @@ def noted(pending: PendingRequest | None, groups: list[list[RunningReplica]]
 def note_routed(pending: PendingRequest, replica_id: ReplicaID) -> None:
     """Ray confirmed where the call went (``on_request_routed``)."""
     routed_calls.routed(call_id(pending), replica_id.unique_id)
+
+
+def counted(pending: PendingRequest | None) -> bool:
+    """Whether the replica's stats count the call in ``in_flight`` (a model request): not for a
+    forwarded request to a service path (a fleet read of ``/metrics``, a relayed ``/health``),
+    whose end must not give back a model request's place. Calls that carry no forwarded
+    request (a WebSocket session's messages) count as their session does."""
+    args = getattr(pending, "args", None) or ()
+    request = args[0] if args else None
+    return not (isinstance(request, dict) and isinstance(request.get("path"), str)
+                and is_service(request["path"]))
 
 
 def may_wait(pending: PendingRequest | None) -> bool:
@@ -135,7 +147,8 @@ class DeadlineRouter(_Members, RequestRouter):
 
     The router keeps, per replica, when each request it routed there was sent and when it
     ended, to correct the replica's stats by what happened since they were recorded
-    (:class:`~sglang_omni.scale.ranking.Since`). A request counts from the moment it is chosen
+    (:class:`~sglang_omni.scale.ranking.Since`); calls the stats never count (:func:`counted`)
+    are not kept. A request counts from the moment it is chosen
     (requests routed at once must see each other), is moved if Ray sends it elsewhere
     (``on_request_routed``), and ends with ``on_request_completed``; one chosen but never sent
     is forgotten after :data:`UNSENT_S`.
@@ -171,6 +184,8 @@ class DeadlineRouter(_Members, RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
         note_routed(pending_request, replica_id)
+        if not counted(pending_request):
+            return
         rid = pending_request.metadata.internal_request_id
         self._file(replica_id.unique_id, rid, time.time(), sent=True, pending=pending_request)
         self._calls[replica_id.unique_id][rid].open += 1
@@ -242,7 +257,7 @@ class DeadlineRouter(_Members, RequestRouter):
             return noted(pending_request, [])
         order = deadline_order(sorted(by_id), stats, since, now, excluded(pending_request),
                                self._rng, wait or 0.0)
-        if order and pending_request is not None:
+        if order and pending_request is not None and counted(pending_request):
             self._file(order[0], pending_request.metadata.internal_request_id, now, sent=False,
                        pending=pending_request)
         return noted(pending_request, first_only(by_id, order))

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
+from sglang_omni.scale import routers  # noqa: E402
 from sglang_omni.scale.routers import DeadlineRouter  # noqa: E402
 
 
@@ -24,8 +25,9 @@ def replica(key: str, at: float, calls: list[str] | None = None) -> Any:
     return SimpleNamespace(replica_id=SimpleNamespace(unique_id=key), routing_stats=stats)
 
 
-def call(rid: str, **kwargs: Any) -> Any:
-    return SimpleNamespace(metadata=SimpleNamespace(internal_request_id=rid), kwargs=kwargs)
+def call(rid: str, *args: Any, **kwargs: Any) -> Any:
+    return SimpleNamespace(metadata=SimpleNamespace(internal_request_id=rid), args=args,
+                           kwargs=kwargs)
 
 
 def first_choices(router: DeadlineRouter, replicas: list[Any], n: int = 20) -> set[str]:
@@ -106,3 +108,33 @@ def test_the_router_answers_one_replica_the_excluded_ones_left_out() -> None:
         order = asyncio.run(router.choose_replicas(replicas, pending))
         assert len(order) == 1 and len(order[0]) == 1
         assert order[0][0].replica_id.unique_id in ("r2", "r3")
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/health", "/v1/queue"])
+@pytest.mark.parametrize("call_id", [None, "read-1"])
+def test_a_read_the_stats_never_counted_does_not_free_a_full_replica(
+        path: str, call_id: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet read (the gateway's /metrics asks every replica) is not a model request: the
+    replica's ``in_flight`` never counts it. Its end must not give back a model request's place
+    (fails before the fix: a Prometheus scrape, or a test's, that was in flight when a full
+    replica's stats were recorded and ended after made that replica look free, and a held
+    request was sent there and refused 503)."""
+    clock = [time.time()]
+    monkeypatch.setattr(routers, "time", SimpleNamespace(time=lambda: clock[0]))
+    router = new_router()
+    recorded = clock[0]
+    full, half = replica("full", recorded, calls=["long"]), replica("half", recorded,
+                                                                   calls=["other"])
+    full.routing_stats["max_active"] = 1  # its one place is taken by the long call
+    half.routing_stats["max_active"] = 2  # one of two taken
+    router.on_request_routed(call("long-req", call_id="long"), full.replica_id, None)
+    router.on_request_routed(call("other-req", call_id="other"), half.replica_id, None)
+    kwargs = {"replica": "full"} if call_id is None else {"call_id": call_id}
+    if call_id is not None:  # a relayed read: the replica lists it, its in_flight does not
+        full.routing_stats["calls"] = ["long", call_id]
+    clock[0] = recorded - 1  # the read was sent well before the stats were recorded
+    read = call("read", {"method": "GET", "path": path, "body": b""}, **kwargs)
+    router.on_request_routed(read, full.replica_id, None)
+    clock[0] = recorded + 0.5  # and ended after
+    router.on_request_completed(full.replica_id, "read")
+    assert first_choices(router, [full, half]) == {"half"}
