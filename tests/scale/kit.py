@@ -52,7 +52,15 @@ class RayCluster:
 
 @contextmanager
 def ray_cluster() -> Iterator[RayCluster]:
-    """Two nodes (head and one more), Serve's proxy on a free port of 127.0.0.1.
+    """Two nodes (head and one more), Serve's proxy on a free port of 127.0.0.1, on the head
+    node only.
+
+    Both nodes run on this machine with one address, so a proxy on each would share the port
+    (the kernel hands each new connection to either). Serve drains a proxy on a node that holds
+    no replica and removes it about 30 s later: a test whose deployment took that long (a loaded
+    machine) had its WebSocket connection handed to the proxy being removed, which closed it
+    before answering. A cluster of real machines has an address per node, and a client picks
+    its proxy.
 
     Serve's controller gives a starting proxy 5 s to say it is ready, then kills it as
     unhealthy; ``serve.start`` then fails with the proxy's ActorDiedError. On a loaded two-core
@@ -66,7 +74,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         cluster.add_node(num_cpus=NODE_CPUS, num_gpus=NODE_GPUS)
         ray.init(address=cluster.address, namespace="serve", log_to_driver=False)
         port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         yield RayCluster(cluster, f"http://127.0.0.1:{port}", port)
     finally:
         try:
