@@ -7,6 +7,7 @@ in ``sglang_omni.contract.job``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from sglang_omni.contract.job import Engine, EngineSpec
 
@@ -70,4 +71,25 @@ def build_engine(spec: EngineSpec) -> Engine:
             f"stages.{spec.stage}.factory.backend: {spec.backend!r} is not a backend; use one "
             f"of {known}"
         )
+    if spec.backend in LOCAL_CHECKPOINT_BACKENDS:
+        check_checkpoint_folder(spec)
     return target()(spec)
+
+
+#: Backends that read the checkpoint from a folder on this machine (never a hub download).
+LOCAL_CHECKPOINT_BACKENDS = ("hf",)
+
+
+def check_checkpoint_folder(spec: EngineSpec) -> None:
+    """RuntimeError naming ``model_path`` unless it is a folder: checked before the backend's
+    libraries are imported, so a mistyped path fails in a moment with a message that says so
+    (not after a torch import, as a hub repository name the hub libraries refuse)."""
+    if not spec.model_path:
+        raise RuntimeError(f"stages.{spec.stage}: the {spec.backend} backend needs model_path, "
+                           "the checkpoint's folder (--model-path)")
+    if Path(spec.model_path).is_dir():
+        return
+    raise RuntimeError(
+        f"stages.{spec.stage}: the {spec.backend} backend reads its checkpoint from a folder, "
+        f"and model_path {spec.model_path!r} is not one; pass --model-path (or model_path in "
+        "the config file) the checkpoint's folder on this machine")

@@ -39,11 +39,16 @@ def test_startup_timeout_exits_nonzero_naming_the_key() -> None:
 
 
 def test_stage_startup_failure_exits_nonzero() -> None:
+    # A model_path that is no folder fails the hf stage before it imports torch (beside two
+    # CPU burners and the hf tests, that import alone took over 60 s).
     server = Server(*SCRIPTED_CHAT, "--reasoner.factory.backend", "hf", "--model-path", "/none",
                     wait_ready=False)
     try:
-        assert server.proc.wait(60) != 0
-        assert "the reasoner stage failed to start" in server.log()
+        assert server.proc.wait(60) != 0, server.log()
+        log = server.log()
+        assert "the reasoner stage failed to start" in log
+        assert "model_path '/none' is not one; pass --model-path" in log
+        assert "Repo id" not in log  # not the hub library's word for a mistyped path
     finally:
         server.stop()
 

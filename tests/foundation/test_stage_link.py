@@ -18,6 +18,7 @@ import pytest
 
 from sglang_omni.media.inline import InlinePayload, parse_data_url
 from sglang_omni.runtime.ipc import MIN_TEXT, Channel, channel_pair, pack_header, pack_message
+from sglang_omni.runtime.stage import link as link_module
 from sglang_omni.runtime.stage.link import STAGING, StageLink
 
 MiB = 1024 * 1024
@@ -97,6 +98,29 @@ def test_what_the_stage_sent_before_it_went_is_still_read() -> None:
         link.send(pack_header({"op": "ping"}), [b"x" * MiB], lambda exc: None)
         await asyncio.wait_for(lost.wait(), 10)
         assert got == [{"op": "fatal", "message": "gone"}]
+
+    asyncio.run(main())
+
+
+def test_drain_hands_on_at_once_every_message_the_stage_sent_before_it_exited(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handle reads what an exited stage left in the socket before it handles the exit
+    (its reason for failing to start came second to the exit, and the server said only "exited
+    with code 1"): ``drain`` takes it all in one call, past one read budget, before the
+    loop's reader would."""
+    monkeypatch.setattr(link_module, "READ_BUDGET", 1024)  # the messages span several reads
+    sent = [({"op": "small"}, [b"a"]), ({"op": "larger"}, [b"b" * 8192]),
+            ({"op": "failed", "message": "no checkpoint"}, [])]
+
+    async def main() -> None:
+        ours, theirs = channel_pair()
+        for header, frames in sent:  # they fit the socket's buffer: sent before any read
+            Channel(theirs).send(header, frames)
+        theirs.close()
+        got: list[dict[str, Any]] = []
+        link = StageLink(ours, lambda header, frames: got.append(header), lambda: None)
+        link.drain()  # no loop step in between: the reader callback has not run
+        assert got == [h for h, _ in sent] and link.closed
 
     asyncio.run(main())
 

@@ -64,9 +64,10 @@ class StageFaults:
         self._ended_by: Callable[[str], OmniError] | None = None
         self._closing = False
 
-    # what the handle provides: post a message to the stage, kill its process, take its exit,
-    # and whether a process is running
+    # what the handle provides: post a message to the stage, kill its process, read what it
+    # sent before it exited, take its exit, and whether a process is running
     _post: Callable[[ToStage], None]
+    _read_left: Callable[[], None]
     _kill: Callable[[], None]
     _exited: Callable[[], None]
     _has_process: Callable[[], bool]
@@ -153,6 +154,7 @@ class StageFaults:
         """Process ``gen`` exited (on the loop); an older process's exit is ignored."""
         if gen != self._generation:
             return
+        self._read_left()  # its last words (why it failed to start, a fatal error) come first
         self.dead = True
         self.ready = False
         self.reports.request_media = {}  # the process's memory is gone

@@ -478,6 +478,11 @@ class StageHandle(StageFaults):
         if self._child is not None:
             self._child.kill_group()
 
+    def _read_left(self) -> None:
+        """Handle the messages the exited process sent that are still unread."""
+        if self._link is not None:
+            self._link.drain()
+
     def _has_process(self) -> bool:
         return self._child is not None
 

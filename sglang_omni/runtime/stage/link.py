@@ -168,7 +168,15 @@ class StageLink:
         """Whether part of a message arrived and the rest has not."""
         return self._big is not None or self._incoming is not None or self._end > self._start
 
-    def _read_some(self) -> None:
+    def drain(self) -> None:
+        """Read and hand on every message already in the socket, now (the stage exited: what
+        it sent before its exit is handled before the exit is)."""
+        while self._read_some():
+            pass
+
+    def _read_some(self) -> bool:
+        """Read at most :data:`READ_BUDGET` bytes; True when it stopped at that budget (more
+        may be waiting)."""
         budget = READ_BUDGET
         while budget > 0 and not self.closed:
             if self._big is not None:
@@ -180,15 +188,15 @@ class StageLink:
             try:
                 n = self._sock.recv_into(view)
             except (BlockingIOError, InterruptedError):
-                return
+                return False
             except OSError as exc:
                 self._lose(exc)
-                return
+                return False
             finally:
                 view.release()
             if n == 0:
                 self._lose(EOFError("the stage closed the channel"))
-                return
+                return False
             budget -= n
             if self._big is not None:
                 self._big_got += n
@@ -198,6 +206,7 @@ class StageLink:
             else:
                 self._end += n
                 self._parse()
+        return budget <= 0 and not self.closed
 
     def _compact(self) -> None:
         if self._start:
