@@ -58,6 +58,10 @@ ENGINES: dict[tuple[str, str], Callable[[], EngineClass]] = {
 }
 
 
+#: Backends that read the checkpoint from a folder on this machine (never a hub download).
+LOCAL_CHECKPOINT_BACKENDS = ("hf",)
+
+
 def build_engine(spec: EngineSpec) -> Engine:
     """Construct the backend ``spec`` names (see ``ENGINES``); RuntimeError naming the field
     when no engine serves that backend and role."""
@@ -74,10 +78,6 @@ def build_engine(spec: EngineSpec) -> Engine:
     if spec.backend in LOCAL_CHECKPOINT_BACKENDS:
         check_checkpoint_folder(spec)
     return target()(spec)
-
-
-#: Backends that read the checkpoint from a folder on this machine (never a hub download).
-LOCAL_CHECKPOINT_BACKENDS = ("hf",)
 
 
 def check_checkpoint_folder(spec: EngineSpec) -> None:

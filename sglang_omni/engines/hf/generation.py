@@ -47,6 +47,7 @@ from sglang_omni.contract.gpu_turns import MAX_PAUSED
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import GenerationPayload, MediaResult
 from sglang_omni.contract.result import StageResult
+from sglang_omni.engines.base import check_checkpoint_folder
 from sglang_omni.engines.guardrails import guardrails_state
 from sglang_omni.engines.hf import denoise
 from sglang_omni.engines.hf.action import run_action, wants_action
@@ -91,8 +92,7 @@ class HFGenerator(ThreadedModelEngine):
     """``Cosmos3OmniPipeline`` from the checkpoint; one generation at a time."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        if not spec.model_path:
-            raise RuntimeError(f"stages.{spec.stage}: the hf backend needs model_path")
+        check_checkpoint_folder(spec)
         self.spec = spec
         self.options = engine_options(spec, DEFAULTS)
         defaults = self.options["defaults"]

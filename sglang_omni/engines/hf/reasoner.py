@@ -33,6 +33,7 @@ from typing import Any, cast
 from sglang_omni.contract.job import EngineSpec, Job
 from sglang_omni.contract.payloads import ReasonerPayload, ReasonerResult, reasoner_fields
 from sglang_omni.contract.result import StageResult
+from sglang_omni.engines.base import check_checkpoint_folder
 from sglang_omni.engines.hf.classes import model_class, processor_class
 from sglang_omni.engines.hf.common import (
     JobCancelled,
@@ -73,10 +74,9 @@ class HFReasoner(ThreadedModelEngine):
     """``Cosmos3OmniForConditionalGeneration`` with its processor; one call at a time."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        if not spec.model_path:
-            raise RuntimeError(f"stages.{spec.stage}: the hf backend needs model_path")
+        check_checkpoint_folder(spec)
         self.spec = spec
-        self.model_path: str = spec.model_path
+        self.model_path = str(spec.model_path)
         self.options = engine_options(spec, DEFAULTS)
         if int(self.options["max_structured_tokens"]) < MIN_BUDGET:
             raise RuntimeError(f"stages.{spec.stage}.engine.max_structured_tokens: at least "
