@@ -15,23 +15,38 @@ import pytest
 
 pytest.importorskip("ray")
 
+from sglang_omni.pipeline.planner import (  # noqa: E402
+    Admit,
+    GenerationFinished,
+    GenerationPlanner,
+    PlannerConfig,
+    TurnEnded,
+)
 from tests.kit import script, wait_until  # noqa: E402
+from tests.planner.kit import Clock  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
 
-#: One image of 4 steps of 0.5 s: 2 s on the stage. With timeout_s 16 an idle server plans 7
-#: generations (7 x (2 s + the turn) + a turn <= 16 s), so a stage planned busy for more than
-#: about 1.8 s refuses a new request. (At 0.25 s and 8 s, a loaded two-core machine made the
-#: warm-up requests miss their deadline: 504, their stage jobs still ending on one replica,
-#: which then refused too.)
-PLANNED = ("--generation.factory.step_time_s", "0.5", "--orchestrator.factory.timeout_s", "16")
+#: One image of 4 steps of 0.5 s: 2 s on the stage (3 s and more beside two CPU burners).
+#: timeout_s 60 fits an idle server's 8 generations (the most a request plans) with 12 s or more
+#: to spare at up to 5 s a generation, so an idle replica admits a request whatever the
+#: gateway's transit took (a request's deadline counts from its arrival at the gateway, and an
+#: idle replica refuses one whose wait ate that spare time: at timeout_s 16 the spare was what
+#: was left after the last whole generation, 0.15 s at the 3.1 s a loaded machine measured, and
+#: every request that took longer to reach an idle replica was refused there). The busy replica
+#: holds one request of LONG_STEPS-step generations: the planner plans it at the measured
+#: seconds per step for every generation it may still run, which leaves a new request fewer than
+#: 8 for at least 9 s at any such time (9.7-40 s by the planner). The first test checks both.
+PLANNED = ("--generation.factory.step_time_s", "0.5", "--orchestrator.factory.timeout_s", "60")
+LONG_STEPS = 16
 ONE_IMAGE = script({"action": "image", "prompt": "a cube"}, {"action": "final", "text": "ok"})
 GEN = {"generation": {"width": 32, "height": 32, "seed": 1}}
 #: Pairs of warm-up requests sent at most until both replicas measured a generation.
 WARM_ROUNDS = 6
 
 
-def generate(fleet: Fleet, prompt: str = ONE_IMAGE) -> int:
-    return httpx.post(f"{fleet.url}/generate", json={"prompt": prompt, "stage_params": GEN},
+def generate(fleet: Fleet, prompt: str = ONE_IMAGE, params: dict | None = None) -> int:
+    return httpx.post(f"{fleet.url}/generate",
+                      json={"prompt": prompt, "stage_params": params or GEN},
                       timeout=60).status_code
 
 
@@ -39,12 +54,30 @@ def refusals(fleet: Fleet) -> dict[str, int]:
     return {s["replica"]: s["answers"].get("503", 0) for s in fleet.stats()}
 
 
-def hold(fleet: Fleet, prompt: str) -> threading.Thread:
+def hold(fleet: Fleet, prompt: str, params: dict | None = None) -> threading.Thread:
     """Start a request in a thread; return once a replica holds it."""
-    thread = threading.Thread(target=generate, args=(fleet, prompt), daemon=True)
+    thread = threading.Thread(target=generate, args=(fleet, prompt, params), daemon=True)
     thread.start()
     fleet.wait(lambda stats: any(s["in_flight"] for s in stats), what="a request in flight")
     return thread
+
+
+@pytest.mark.parametrize("turn_s", [0.05, 1.0])
+@pytest.mark.parametrize("generation_s", [2.0, 3.1, 5.0])
+def test_the_planned_times_let_an_idle_replica_admit_after_a_slow_transit(
+        generation_s: float, turn_s: float) -> None:
+    """With PLANNED's timeout at the generation times a quiet or loaded machine measures, an idle
+    replica admits a request that took seconds to reach it, and the long request leaves the
+    busy replica refusing a new one (the next test needs both)."""
+    timeout_s = float(PLANNED[PLANNED.index("--orchestrator.factory.timeout_s") + 1])
+    clock = Clock()
+    idle, busy = (GenerationPlanner(PlannerConfig(timeout_s=timeout_s), clock) for _ in "ib")
+    for planner in (idle, busy):
+        planner.handle(TurnEnded("warm-up", turn_s))
+        planner.handle(GenerationFinished("warm-up", "image", generation_s, steps=4))
+    assert idle.handle(Admit("after a transit", waited_s=3.0)).refused is None
+    assert busy.handle(Admit("long", steps=LONG_STEPS)).refused is None
+    assert busy.quote().refused
 
 
 def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayCluster) -> None:
@@ -68,10 +101,10 @@ def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayClu
                        what="both replicas measured a generation")
     fleet.wait(lambda s: not any(r["in_flight"] or r["planned_in_flight"] or r["stage_jobs"]
                                  for r in s), what="both replicas idle after the warm-up")
-    busy_long = hold(fleet, script(*[{"action": "image", "prompt": f"p{i}"} for i in range(3)],
-                                   {"action": "final", "text": "ok"}))
+    long_gen = {"generation": {**GEN["generation"], "num_inference_steps": LONG_STEPS}}
+    busy_long = hold(fleet, ONE_IMAGE, long_gen)
     busy = fleet.wait(lambda s: [r for r in s if r["in_flight"]], what="the long request")[0]
-    assert busy["quote"]["refused"], busy["quote"]  # its stage is planned for 7 generations
+    assert busy["quote"]["refused"], busy["quote"]  # its stage is planned for long generations
     before = refusals(fleet)
     answers = []
     for _ in range(4):  # each once the other replica let the last one go (a loaded machine's
