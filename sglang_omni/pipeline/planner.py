@@ -356,6 +356,13 @@ class GenerationPlanner:
         _, free = project(list(self._requests.values()), now, times)
         allowance = self._fit_new(now, free, times, waited_s, steps)
         if allowance < idle:
+            if waited_s > 0 and allowance >= self._fit_new(now, now, times, waited_s, steps):
+                # the active requests cost it nothing: its wait alone did (an idle replica too)
+                return allowance, idle, (
+                    f"This request waited {waited_s:.1f} s in the fleet's queue, which leaves "
+                    f"it time for only {allowance} of the {idle} generations an idle server "
+                    f"would have given it on arrival (timeout_s {cfg.timeout_s:g} s counts from "
+                    "its arrival at the gateway); retry later.")
             waited = (f", after waiting {waited_s:.1f} s in the fleet's queue" if waited_s > 0
                       else "")
             return allowance, idle, (

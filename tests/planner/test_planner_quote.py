@@ -104,3 +104,21 @@ def test_a_request_that_waited_has_an_earlier_deadline_and_the_horizon_less_its_
         idle, _ = make()
         measure(idle, reasoner=1, image=10)
         assert (idle.handle(Admit("D", waited_s=wait)).refused is not None) is refused, wait
+
+
+def test_a_request_refused_for_its_own_wait_is_told_so() -> None:
+    """An idle server refusing a request whose wait in the fleet's queue left it fewer
+    generations says that the wait did it, not a stage planned full behind no request."""
+    idle, _ = make()
+    measure(idle, reasoner=1, image=10)
+    refusal = idle.handle(Admit("late", waited_s=79.0)).refused
+    assert refusal is not None and "fully planned" not in refusal
+    assert refusal.startswith("This request waited 79.0 s in the fleet's queue, which leaves it "
+                              "time for only 1 of the 2 generations an idle server would have "
+                              "given it on arrival"), refusal
+    busy, _ = make()  # behind an active request that costs it a generation: the plan's message
+    measure(busy, reasoner=1, image=10)
+    assert busy.handle(Admit("A")).refused is None
+    refusal = busy.handle(Admit("B", waited_s=70.0)).refused
+    assert refusal is not None and refusal.startswith("The generation stage is fully planned")
+    assert "after waiting 70.0 s in the fleet's queue" in refusal
