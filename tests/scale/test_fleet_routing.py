@@ -15,15 +15,9 @@ import pytest
 
 pytest.importorskip("ray")
 
-from sglang_omni.pipeline.planner import (  # noqa: E402
-    Admit,
-    GenerationFinished,
-    GenerationPlanner,
-    PlannerConfig,
-    TurnEnded,
-)
+from sglang_omni.pipeline.planner import Admit, GenerationFinished, TurnEnded  # noqa: E402
 from tests.kit import script, wait_until  # noqa: E402
-from tests.planner.kit import Clock  # noqa: E402
+from tests.planner.kit import make  # noqa: E402
 from tests.scale.kit import Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
 
 #: One image of 4 steps of 0.5 s: 2 s on the stage (3 s and more beside two CPU burners).
@@ -70,8 +64,7 @@ def test_the_planned_times_let_an_idle_replica_admit_after_a_slow_transit(
     replica admits a request that took seconds to reach it, and the long request leaves the
     busy replica refusing a new one (the next test needs both)."""
     timeout_s = float(PLANNED[PLANNED.index("--orchestrator.factory.timeout_s") + 1])
-    clock = Clock()
-    idle, busy = (GenerationPlanner(PlannerConfig(timeout_s=timeout_s), clock) for _ in "ib")
+    (idle, _), (busy, _) = make(timeout_s, max_generations=8), make(timeout_s, max_generations=8)
     for planner in (idle, busy):
         planner.handle(TurnEnded("warm-up", turn_s))
         planner.handle(GenerationFinished("warm-up", "image", generation_s, steps=4))
