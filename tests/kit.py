@@ -148,3 +148,15 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10, poll: float =
             return True
         time.sleep(poll)
     return condition()
+
+
+#: The stage's log lines that say where an aborted generation stopped: the scripted engine's,
+#: and the stage's own for a job its engine never began (the abort came with the submit, or
+#: while the job waited for the GPU): that one stopped at step 0.
+_STOPPED_AT = re.compile(r"request (\S+): generation cancelled at step (\d+) of \d+"
+                         r"|request (\S+) aborted before its engine began it")
+
+
+def generation_stops(log: str) -> list[tuple[str, int]]:
+    """(rid, step) for each aborted generation in a server's ``log``, in log order."""
+    return [(m[1], int(m[2])) if m[1] else (m[3], 0) for m in _STOPPED_AT.finditer(log)]

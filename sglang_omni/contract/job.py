@@ -71,6 +71,9 @@ class Job:
     spans: dict[str, float] = field(default_factory=dict)
     #: The job's place in the generation stage's GPU turns (None elsewhere).
     turn: Turn | None = None
+    #: Set by the stage when it hands the job to its engine (after the job's GPU turn began, on
+    #: a generation stage); a job aborted before that ran no engine code.
+    began: bool = False
 
     def step_boundary(self, kept_bytes: int | None, step: int = 0, steps: int = 0) -> None:
         """Between denoising steps ``step`` and ``step + 1`` of ``steps``, from the engine's

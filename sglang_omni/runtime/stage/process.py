@@ -203,6 +203,16 @@ def _paused_spans(spans: dict[str, float], turn: Turn) -> None:
         spans["denoise"] = max(0.0, spans["denoise"] - turn.paused_s)
 
 
+def _before_engine(job: Job) -> str:
+    """What an abort log line adds for a job its engine never ran (an abort that arrived with
+    its submit, or while it waited for the GPU): nothing for a job the engine had."""
+    if job.began:
+        return ""
+    waited = job.turn.waited_s if job.turn is not None else 0.0
+    return " before its engine began it" + (
+        f" (it waited {waited:.1f} s for the GPU)" if waited > 0 else "")
+
+
 def _log_send_failure(sent: Future) -> None:
     exc = sent.exception() if not sent.cancelled() else None
     if exc is not None:
@@ -481,8 +491,10 @@ class _StageServer:
         """The engine's run of ``job``, within its GPU turn on a generation stage."""
         turn = job.turn
         if turn is None:
+            job.began = True
             return await self.engine.run(job)
         await turn.begin()
+        job.began = True
         try:
             return await self.engine.run(job)
         finally:
@@ -515,7 +527,7 @@ class _StageServer:
             _paused_spans(job.spans, job.turn)
         rid = job.rid
         if task.cancelled():
-            log.info("request %s aborted", rid)
+            log.info("request %s aborted%s", rid, _before_engine(job))
             self.send(Aborted(rid, token))
             return
         exc = task.exception()
