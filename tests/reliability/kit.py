@@ -25,8 +25,13 @@ from tests.server import Server
 #: Every status a client may see (500 only in the JSON error shape).
 DOCUMENTED = {200, 400, 401, 404, 405, 408, 413, 415, 499, 500, 503}
 #: Generous server options for the concurrency and resource tests: no admission refusals
-#: (max_active above any client count used) and no deadline refusals.
-ROOMY = ("--orchestrator.factory.max_active", "128", "--orchestrator.factory.timeout_s", "3600")
+#: (max_active above any client count used) and no deadline refusals. The plan is worst-case:
+#: every active request (aborted ones until the stage says their jobs ended) is planned 8
+#: generations at the longest generation and Reasoner turn measured within timeout_s. A full
+#: run beside two CPU burners measured about 5 s for a 1-step generation with its turn, and 80
+#: active requests then filled a 3600 s plan (4 of 1,000 aborted streams refused); a day
+#: leaves 128 requests room for 84 s a generation.
+ROOMY = ("--orchestrator.factory.max_active", "128", "--orchestrator.factory.timeout_s", "86400")
 SMALL = {"width": 32, "height": 32, "num_frames": 3}
 #: ``server.max_body_bytes`` of the shared direct generation server.
 BODY_LIMIT = 2**20

@@ -3,7 +3,7 @@ generations (images and videos mixed by the script), on ``/generate`` and
 ``/v1/chat/completions``, streaming and not, with ``step_time_s`` 0 and 0.05. Every request gets
 exactly one well-formed answer with the segments its script asked for, and 0 fail.
 
-The servers admit up to 128 requests with a 3600 s deadline (``ROOMY``), above any load used
+The servers admit up to 128 requests with a one-day deadline (``ROOMY``), above any load used
 here even on a loaded machine (the plan is worst-case: 8 generations per active request at the
 longest time measured), so a 503 is not expected and counts as a failure.
 """
