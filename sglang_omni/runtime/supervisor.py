@@ -133,12 +133,16 @@ class StageSupervisor:
         self._heartbeat_task: asyncio.Task | None = None
         self._unanswered_since: float | None = None
         self._stopping = False
+        #: Set by ``start()`` (every stage was ready): before it, a process that exits without
+        #: having been ready is the server's failed start, never restarted.
+        self._started = False
         #: When (monotonic) the planned restart's new process starts: the end of the cool-down
         #: or of the backoff being waited now; None while no restart is waiting.
         self._restart_at: float | None = None
         handle.restart_decision = self._decide
 
     def start(self) -> None:
+        self._started = True
         self._heartbeat_task = asyncio.get_running_loop().create_task(
             self._heartbeat(), name=f"{self.handle.name}-heartbeat")
         self._heartbeat_task.add_done_callback(
@@ -154,11 +158,14 @@ class StageSupervisor:
     # --- restarts ----------------------------------------------------------------------------
     def _decide(self, handle: StageHandle) -> bool:
         """Called when the stage's process exited: True when it will be restarted (at once
-        or after a cool-down; only ``max_restarts: 0`` says no)."""
+        or after a cool-down; only ``max_restarts: 0`` says no, and the server's own start: a
+        process that exits before it was ever ready then fails the start instead)."""
         if self._stopping:
             return False
         if self._restart_task is not None and not self._restart_task.done():
             return True  # a restart attempt died while starting; the restart loop goes on
+        if not self._started and not handle.process_was_ready:
+            return False  # the server's own start failed: it reports why and exits
         if handle.stops_server_on_exit:
             return False
         if self.policy.max_restarts <= 0:

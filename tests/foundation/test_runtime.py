@@ -49,6 +49,7 @@ def test_stage_startup_failure_exits_nonzero() -> None:
         assert "the reasoner stage failed to start" in log
         assert "model_path '/none' is not one; pass --model-path" in log
         assert "Repo id" not in log  # not the hub library's word for a mistyped path
+        assert "restart" not in log  # the server gives up: no restart is planned or logged
     finally:
         server.stop()
 

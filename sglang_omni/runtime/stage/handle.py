@@ -185,6 +185,12 @@ class StageHandle(StageFaults):
         return self.ready and not self.dead and not self.stalled
 
     @property
+    def process_was_ready(self) -> bool:
+        """Whether the current (or last) process said it was ready: False for one that exited
+        while starting."""
+        return self._ready_after is not None
+
+    @property
     def open_jobs(self) -> int:
         """Jobs the stage's process holds now: sent and not ended by it (an aborted one until
         it says so); 0 once the process is gone."""
