@@ -228,8 +228,12 @@ class Recorder:
         summary = (f"{self.route}: {self.sent} requests, {self.skipped} skipped (time budget), "
                    f"statuses {dict(sorted(self.statuses.items()))}")
         print(summary)
-        assert not self.problems, summary + ", problems:\n" + "\n".join(
-            f"- {p}" for p in self.problems[:40])
+        if self.problems:  # with what the server said went wrong (a stage's fault, its cause)
+            said = [line[:400] for line in self.server.server.log().splitlines()
+                    if " ERROR " in line or " WARNING " in line]
+            raise AssertionError(
+                summary + ", problems:\n" + "\n".join(f"- {p}" for p in self.problems[:40])
+                + "\nthe server's last errors and warnings:\n" + "\n".join(said[-20:]))
 
 
 def fuzz(recorder: Recorder, strategy: st.SearchStrategy[Any]) -> None:
