@@ -91,29 +91,38 @@ def test_kill_9_fails_in_flight_request_fast(stream: bool) -> None:
     with Server(*SCRIPTED_CHAT, "--reasoner.factory.max_restarts", "0") as server:
         pid = server.stage_pid("reasoner")
         result: dict = {}
+        streaming = threading.Event()  # the stream's first event reached the client
 
         def client() -> None:
             body = {"stream": stream, "messages": [{"role": "user", "content": SLOW_SCRIPT}]}
-            result["resp"] = httpx.post(f"{server.url}/v1/chat/completions", json=body,
-                                        timeout=30)
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+                              timeout=30) as resp:
+                lines = []
+                for line in resp.iter_lines():
+                    lines.append(line)
+                    if line.startswith("data: "):
+                        streaming.set()
+                result["resp"], result["text"] = resp, "\n".join(lines)
 
         thread = threading.Thread(target=client)
         thread.start()
         assert wait_until(lambda: metric(server, "reasoner", "submitted", default=0) >= 1)
+        if stream:  # a stage that dies before the stream starts is answered as plain JSON
+            assert streaming.wait(30)
         log_from = len(server.log())
         os.kill(pid, signal.SIGKILL)
         thread.join(30)
         # failed with the exit, not after the 30 s turn
         assert failed_at_exit(server, "reasoner", log_from) == [1]
-        resp = result["resp"]
+        resp, text = result["resp"], result["text"]
         if stream:
-            events = [json.loads(line[6:]) for line in resp.text.splitlines()
+            events = [json.loads(line[6:]) for line in text.splitlines()
                       if line.startswith("data: {")]
             assert events[-1]["error"]["code"] == 500
             assert "reasoner stage process exited" in events[-1]["error"]["message"]
         else:
             assert resp.status_code == 500
-            assert "reasoner stage process exited" in resp.json()["error"]["message"]
+            assert "reasoner stage process exited" in json.loads(text)["error"]["message"]
         health = httpx.get(f"{server.url}/health")
         assert health.status_code == 503
         assert health.json()["stages"]["reasoner"]["status"] == "exited"
