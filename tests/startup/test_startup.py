@@ -40,8 +40,13 @@ def test_a_port_in_use_fails_at_once_before_anything_loads(tmp_path: Path) -> No
         assert not (tmp_path / "cache").exists()  # nor the demo checkpoint built
 
 
-def test_health_says_starting_while_the_stages_load_then_one_ready_line() -> None:
-    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "4", wait_ready=False)
+#: A Reasoner whose simulated load outlasts any test: the server stays ``starting`` for as long
+#: as the test looks (a few seconds of delay raced the test's own checks on a loaded machine).
+LOADS_FOR_AN_HOUR = ("--reasoner.factory.start_delay_s", "3600")
+
+
+def test_health_says_starting_and_requests_are_refused_while_the_stages_load() -> None:
+    server = Server(*SCRIPTED_UMM, *LOADS_FOR_AN_HOUR, wait_ready=False)
     try:
         def answers() -> bool:
             try:
@@ -58,6 +63,13 @@ def test_health_says_starting_while_the_stages_load_then_one_ready_line() -> Non
         assert early.status_code == 503 and "the server is starting" in error_message(early)
         assert Scrape(server).value("sgl_omni_admission_refusals_total", reason="stage_down") == 1
         assert "ready in" not in server.log()
+    finally:
+        server.stop()
+
+
+def test_one_ready_line_names_the_playground_and_a_curl_that_works() -> None:
+    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "1", wait_ready=False)
+    try:
         server.wait_ready(60)
         assert wait_until(lambda: "sgl-omni: ready in" in server.log(), timeout=10)
         lines = [line for line in server.log().splitlines() if "sgl-omni: ready in" in line]
