@@ -15,6 +15,7 @@ bad answers; examples are fixed by ``derandomize`` and bounded by count and by a
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from tests.reliability.kit import (
 EXAMPLES = 200
 BUDGET_S = 25.0  # per route; examples past it are skipped (and reported)
 REQUEST_TIMEOUT_S = 10.0
+#: A line of the threads' stacks a stage writes before it is killed for a stall or a hang.
+STACK_LINE = re.compile(r'(Thread|Current thread) 0x[0-9a-f]+ |  File "')
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 PNG_1PX = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4"
            "z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
@@ -228,12 +231,13 @@ class Recorder:
         summary = (f"{self.route}: {self.sent} requests, {self.skipped} skipped (time budget), "
                    f"statuses {dict(sorted(self.statuses.items()))}")
         print(summary)
-        if self.problems:  # with what the server said went wrong (a stage's fault, its cause)
+        if self.problems:  # with what the server said went wrong (a stage's fault, its cause,
+            # and the threads' stacks a stalled or hung stage wrote before its kill)
             said = [line[:400] for line in self.server.server.log().splitlines()
-                    if " ERROR " in line or " WARNING " in line]
+                    if " ERROR " in line or " WARNING " in line or STACK_LINE.match(line)]
             raise AssertionError(
                 summary + ", problems:\n" + "\n".join(f"- {p}" for p in self.problems[:40])
-                + "\nthe server's last errors and warnings:\n" + "\n".join(said[-20:]))
+                + "\nthe server's last errors and warnings:\n" + "\n".join(said[-80:]))
 
 
 def fuzz(recorder: Recorder, strategy: st.SearchStrategy[Any]) -> None:

@@ -116,6 +116,10 @@ def test_an_engine_hung_inside_a_job_is_found_killed_and_restarted(stage: str) -
         assert restarts(server, stage) == 1
         assert server.stage_pid(stage) != old_pid
         assert "directive, the engine thread hangs now" in server.log()
+        # before its kill the stage wrote its threads' stacks: the frame it was stuck in
+        found = server.log().index(f"the {stage} stage has made no progress")
+        stacks = server.log()[found:]
+        assert "(most recent call first)" in stacks and "in hang_engine_thread" in stacks
         ok = generate(server, "back")
         assert ok.status_code == 200, ok.text
 

@@ -28,9 +28,13 @@ from sglang_omni.config.gpus import device_env
 from sglang_omni.contract.job import EngineSpec
 from sglang_omni.runtime.ipc import channel_pair
 from sglang_omni.runtime.proc import kill_led_group
-from sglang_omni.runtime.stage.process import stage_main
+from sglang_omni.runtime.stage.process import STACKS_SIGNAL, stage_main
 
 log = logging.getLogger("sglang_omni.runtime")
+
+#: How long a stage found stalled or hung is given to write its threads' stacks to the log
+#: before its group is killed (a frozen process writes nothing: the kill comes all the same).
+STACKS_WAIT_S = 0.5
 
 
 class StageChild:
@@ -123,6 +127,21 @@ class StageChild:
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         """Signal the process and the children left in its group."""
         kill_led_group(self.process.pid, self.process.exitcode is not None, sig)
+
+    def kill_group_after_stacks(self) -> None:
+        """Ask the ready process to write its threads' stacks to the log (``STACKS_SIGNAL``),
+        then kill its group :data:`STACKS_WAIT_S` later (on the loop); at once where the
+        process is gone."""
+        pid = self.process.pid
+        if pid is None or self.process.exitcode is not None:
+            self.kill_group()
+            return
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            self.kill_group()
+            return
+        self._loop.call_later(STACKS_WAIT_S, self.kill_group)
 
     def remove_scratch(self) -> asyncio.Future[None] | None:
         """Remove the process's temporary-file folder off the loop (call once it is gone); the

@@ -5,7 +5,8 @@ calls because of the stage's process:
 
 * ``stall(silent_s)`` (no heartbeat answered for the stall timeout) and ``hang(silent_s)`` (no
   progress on its jobs for the progress timeout), both called by the supervisor, fail the calls
-  in flight at once with an error naming the stage and what stalled, then kill its process group;
+  in flight at once with an error naming the stage and what stalled, then kill its process group
+  (after asking the process to write its threads' stacks to the log: where it was stuck);
   the exit that follows names the stall as its :attr:`exit_cause`, not the kill's exit code.
 * ``_on_exit(gen)`` (the process exited, on the loop): every call in flight fails with
   ``StageDied`` saying whether the stage is restarting, the death listeners are told, and each
@@ -69,6 +70,8 @@ class StageFaults:
     _post: Callable[[ToStage], None]
     _read_left: Callable[[], None]
     _kill: Callable[[], None]
+    #: kill, after asking the process to log its threads' stacks (where it was when stuck)
+    _kill_with_stacks: Callable[[], None]
     _exited: Callable[[], None]
     _has_process: Callable[[], bool]
 
@@ -106,10 +109,12 @@ class StageFaults:
         self.stalled = True
         self._stall_cause = cause
         self.last_fault = f"stalled: it {what}; killed"
-        log.error("the %s stage %s; failing its %d call(s) in flight and killing it (its exit "
-                  "counts every request it fails)", self.name, what, len(self.calls.pending))
+        log.error("the %s stage %s; failing its %d call(s) in flight and killing it, after "
+                  "its threads' stacks (below, where a running process writes them: where it "
+                  "was stuck); its exit counts every request it fails", self.name, what,
+                  len(self.calls.pending))
         self._stall_failed = set(self._fail_all(message))
-        self._kill()
+        self._kill_with_stacks()
 
     def not_running(self, rid: str) -> StageDied:
         """What a call for ``rid`` is told when the stage cannot take it now: what actually

@@ -484,6 +484,10 @@ class StageHandle(StageFaults):
         if self._child is not None:
             self._child.kill_group()
 
+    def _kill_with_stacks(self) -> None:
+        if self._child is not None:
+            self._child.kill_group_after_stacks()
+
     def _read_left(self) -> None:
         """Handle the messages the exited process sent that are still unread."""
         if self._link is not None:

@@ -37,12 +37,14 @@ started with one signal, and it dies with the server (PR_SET_PDEATHSIG). Once th
 heartbeats have begun, a stage that hears none for :data:`SERVER_SILENCE_FACTOR` times its
 ``stall_timeout_s`` (at least :data:`MIN_SERVER_SILENCE_S`) takes its group down too: its
 server is frozen (a stopped process, a Ray replica given up on), and the stage's GPUs must not
-stay held by a server that never comes back.
+stay held by a server that never comes back. Once ready, the stage writes every thread's stack to
+its log on :data:`STACKS_SIGNAL` (the server sends it before it kills a stalled or hung stage).
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -110,6 +112,10 @@ MIN_SERVER_SILENCE_S = 10.0
 #: Messages up to this size, sent from the event loop with none queued, are written at once
 #: (far below the socket's buffer: the write does not wait for the server to read).
 DIRECT_SEND_BYTES = 64 * 1024
+#: The signal that makes a ready stage write every thread's Python stack to its log (stderr),
+#: from C (``faulthandler``): it works while a thread holds the GIL. The server sends it to a
+#: stage it found stalled or hung before it kills it, so the log says where the stage was.
+STACKS_SIGNAL = signal.SIGUSR1
 #: A job's progress reports reach the server at most this often (the rest are dropped).
 PROGRESS_EVERY_S = 0.5
 #: At exit, the stage's threads are joined within this many seconds (those left are logged;
@@ -314,6 +320,7 @@ class _StageServer:
             return 1
         # Installed after start: a native engine may install its own handlers while starting.
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
         self.threads.start(self._read_loop, loop, name="stage-reader", stop=self._stop_reading)
         stall_s = float(self.spec.factory.get("stall_timeout_s")
                         or PROCESS_FACTORY["stall_timeout_s"].default)
