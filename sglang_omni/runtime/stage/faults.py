@@ -109,10 +109,9 @@ class StageFaults:
         self.stalled = True
         self._stall_cause = cause
         self.last_fault = f"stalled: it {what}; killed"
-        log.error("the %s stage %s; failing its %d call(s) in flight and killing it, after "
-                  "its threads' stacks (below, where a running process writes them: where it "
-                  "was stuck); its exit counts every request it fails", self.name, what,
-                  len(self.calls.pending))
+        log.error("the %s stage %s; failing its %d call(s) in flight and killing it once it "
+                  "has written its threads' stacks below (a frozen process writes none); its "
+                  "exit counts every request it fails", self.name, what, len(self.calls.pending))
         self._stall_failed = set(self._fail_all(message))
         self._kill_with_stacks()
 
