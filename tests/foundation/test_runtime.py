@@ -142,7 +142,8 @@ def test_shutdown_leaves_no_process(sig: int) -> None:
         assert len(tree) >= 5
         pids = [p.pid for p in tree] + [server.proc.pid]
         server.proc.send_signal(sig)
-        server.proc.wait(30)
+        assert server.proc.wait(30) == 0  # a stop asked for, done: no signal status, no traceback
+        assert "Traceback" not in server.log()
         gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                                         timeout=10)
         alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

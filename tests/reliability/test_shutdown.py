@@ -3,7 +3,7 @@ period the server ends every request still running itself, with 503 "the server 
 down": a stream with its error event and ``[DONE]``, a non-streaming request with the JSON error
 body and ``Retry-After``; a request whose handling starts during the drain gets the same 503.
 The request log counts them as 503 (not 499), nothing is cancelled by uvicorn, the server exits
-by itself (by the signal, as uvicorn ends) and leaves no process behind. No clock judges it: the
+by itself with status 0 and leaves no process behind. No clock judges it: the
 requests held back are released once the server's log says the drain began, and the exit is
 waited for with a safety net only.
 """
@@ -11,7 +11,6 @@ waited for with a safety net only.
 from __future__ import annotations
 
 import re
-import signal
 import threading
 import time
 
@@ -103,8 +102,8 @@ def test_sigterm_ends_in_flight_requests_with_503(kind: str) -> None:
         log = srv.server.log()
         problems = [p for p in (problem(r) for r in requests) if p is not None]
         assert not problems, "\n".join(problems) + "\n" + log[-3000:]
-        # uvicorn raises the signal again once it stopped, as before the drain existed
-        assert srv.server.proc.returncode == -signal.SIGTERM, log[-3000:]
+        # a stop asked for and done: 0 (uvicorn alone raises the signal again as it ends)
+        assert srv.server.proc.returncode == 0, log[-3000:]
         assert orphans == [], f"processes left: {orphans}"
         for bad in ("Exception in ASGI application", "CancelledError", "status=499",
                     "timeout graceful shutdown exceeded"):

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.kit import error_message, wait_until
 from tests.metrics.kit import Scrape
@@ -112,22 +113,30 @@ def test_the_stage_processes_start_together_before_the_server_builds_its_app() -
         server.stop()
 
 
-def test_ctrl_c_while_the_stages_start_stops_them_cleanly(tmp_path: Path) -> None:
-    """The stages spawn before the server's app is built: Ctrl-C then (or a moment later, once
-    uvicorn has its signals) stops them too, leaves no scratch folder and prints no traceback."""
+#: Log lines after which the Ctrl-C test signals: the stages have spawned (the app is then being
+#: built, or just built), and uvicorn has taken the signals (its lifespan began the stages' wait).
+SIGNALLED_AFTER = {"spawned": "stage processes started",
+                   "serving": "Waiting for application startup."}
+
+
+@pytest.mark.parametrize("moment", SIGNALLED_AFTER)
+def test_ctrl_c_while_the_stages_start_stops_them_cleanly(tmp_path: Path, moment: str) -> None:
+    """The stages spawn before the server's app is built: Ctrl-C then, or once uvicorn has its
+    signals while the Reasoner still loads, stops them too, exits 0, leaves no scratch folder
+    and prints no traceback."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    server = Server(*SCRIPTED_UMM, "--reasoner.factory.start_delay_s", "4", wait_ready=False,
+    server = Server(*SCRIPTED_UMM, *LOADS_FOR_AN_HOUR, wait_ready=False,
                     env={"TMPDIR": str(scratch)})
     try:
-        assert wait_until(lambda: "stage processes started" in server.log(), timeout=60)
+        assert wait_until(lambda: SIGNALLED_AFTER[moment] in server.log(), timeout=60)
         # the stages the log names (multiprocessing's resource tracker, also a child, ends on
         # its own once the server has gone)
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", server.log())]
         stages = [p for p in server.descendants() if p.pid in pids]
         assert len(stages) == 2
         server.proc.send_signal(signal.SIGINT)
-        assert server.proc.wait(60) == 0
+        assert server.proc.wait(60) == 0, server.log()[-3000:]
         assert not [p for p in stages if p.is_running() and p.status() != "zombie"]
         assert sorted(p.name for p in scratch.iterdir()) == []
         assert "Traceback" not in server.log()

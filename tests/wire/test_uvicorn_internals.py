@@ -2,7 +2,9 @@
 
 ``serve/protocol/connection.py`` (``GuardedH11Protocol``, ``BoundedFlow``) and
 ``serve/protocol/ws_protocol.py``
-(``BudgetedWebSocketProtocol``) subclass uvicorn's private protocol classes: uvicorn has no
+(``BudgetedWebSocketProtocol``) subclass uvicorn's private protocol classes, and
+``serve/ops/shutdown.py``'s ``DrainingServer`` its server (its ``capture_signals`` clears the
+signals uvicorn would raise again): uvicorn has no
 public hook for header, body or send deadlines or for counting a WebSocket's buffered bytes. A
 uvicorn release that renames a method or attribute they use would otherwise break the hardening
 quietly (an override never called, a ``getattr`` default read). This reads each subclass's code
@@ -19,10 +21,12 @@ import inspect
 import textwrap
 
 import pytest
+import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from sglang_omni.serve.ops.shutdown import DrainingServer
 from sglang_omni.serve.protocol.connection import BoundedFlow, GuardedH11Protocol
 from sglang_omni.serve.protocol.ws_protocol import BudgetedWebSocketProtocol
 
@@ -60,7 +64,7 @@ def provided_by(base: type) -> set[str]:
 
 
 CASES = [(GuardedH11Protocol, H11Protocol), (BoundedFlow, FlowControl),
-         (BudgetedWebSocketProtocol, WebSocketsSansIOProtocol)]
+         (BudgetedWebSocketProtocol, WebSocketsSansIOProtocol), (DrainingServer, uvicorn.Server)]
 
 
 #: Public methods of ours that uvicorn does not have (every other public one overrides uvicorn's).

@@ -14,8 +14,10 @@ reading, for example).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import socket
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -48,3 +50,15 @@ class DrainingServer(uvicorn.Server):
         finally:
             draining.cancel()
             await asyncio.gather(draining, return_exceptions=True)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, less the signal it raises again once it has stopped: by then the server
+        has drained and stopped its stages, and ``sgl-omni serve`` exits 0 (raised again, SIGINT
+        ends the process with a KeyboardInterrupt traceback and exit status -2, and SIGTERM
+        kills it before its exit code is chosen)."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()

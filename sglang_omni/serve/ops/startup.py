@@ -7,7 +7,8 @@
 3. When every stage is ready it prints :func:`ready_line`: the playground's URL and a curl to
    try. A stage that fails to start stops the server (exit code 3), as before.
 4. SIGTERM or SIGINT drains it (:mod:`.shutdown`): requests in flight get
-   ``server.shutdown_grace_s`` seconds, then 503 "the server is shutting down".
+   ``server.shutdown_grace_s`` seconds, then 503 "the server is shutting down"; the stages
+   stop and the server exits 0 (also when the signal comes while the stages start).
 """
 
 from __future__ import annotations
@@ -126,29 +127,39 @@ def run_server(config: ResolvedConfig, sock: socket.socket, *, host: str, port: 
     async def serve() -> None:
         if slow_s is not None:  # a development aid (runtime.loop_watch)
             loop_watch.watch(asyncio.get_running_loop(), slow_s)
-        orchestrator.stages.spawn()
-        # Until uvicorn takes SIGINT and SIGTERM, either one stops the start once the app is
-        # built (the build is synchronous): the stages are stopped, nothing is served.
+        # SIGINT and SIGTERM stop the start from before the stages spawn: until the app is built
+        # (the build is synchronous) they are noted, and the stages are stopped and nothing is
+        # served; once it is, they go to uvicorn's server, which takes them itself as it begins.
         stop_signals: list[int] = []
-        previous = {sig: signal.signal(sig, lambda signum, _: stop_signals.append(signum))
+
+        def on_stop_signal(signum: int, frame: Any) -> None:
+            built = holder.get("server")
+            if built is None:
+                stop_signals.append(signum)
+            else:
+                built.handle_exit(signum, frame)
+
+        previous = {sig: signal.signal(sig, on_stop_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            server = _build_server(config, orchestrator, holder, started, host=host, port=port,
-                                   model_name=model_name, log_level=log_level,
-                                   log_format=log_format, log_polls=log_polls)
-        except BaseException:  # a configuration error: the stages go too
-            await orchestrator.stop()
-            raise
+            orchestrator.stages.spawn()
+            try:
+                server = _build_server(config, orchestrator, holder, started, host=host,
+                                       port=port, model_name=model_name, log_level=log_level,
+                                       log_format=log_format, log_polls=log_polls)
+            except BaseException:  # a configuration error: the stages go too
+                await orchestrator.stop()
+                raise
+            if stop_signals:
+                log.info("stopping: %s arrived while the server was starting",
+                         signal.Signals(stop_signals[0]).name)
+                await orchestrator.stop()
+                holder["stopped_starting"] = True
+                return
+            await server.serve(sockets=[sock])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if stop_signals:
-            log.info("stopping: %s arrived while the server was starting",
-                     signal.Signals(stop_signals[0]).name)
-            await orchestrator.stop()
-            holder["stopped_starting"] = True
-            return
-        await server.serve(sockets=[sock])
 
     # uvicorn's own choice of event loop (``Server.run`` runs ``serve`` the same way); its
     # app is only read when the server loads it.
