@@ -10,8 +10,8 @@ later reaches an older peer harmlessly): the wire grows by adding fields, never 
 
 Server -> stage: :class:`Submit`, :class:`Abort`, :class:`End`, :class:`Ping`,
 :class:`Shutdown`. Stage -> server: :class:`Ready`, :class:`Failed`, :class:`Pong`,
-:class:`Chunk`, :class:`Progress`, :class:`Result`, :class:`Error`, :class:`Aborted`,
-:class:`Fatal`. What each means: ``runtime.stage.process``'s module contract.
+:class:`Started`, :class:`Chunk`, :class:`Progress`, :class:`Result`, :class:`Error`,
+:class:`Aborted`, :class:`Fatal`. What each means: ``runtime.stage.process``'s module contract.
 """
 
 from dataclasses import MISSING, dataclass, fields
@@ -113,6 +113,16 @@ class Pong:
 
 
 @dataclass(frozen=True, slots=True)
+class Started:
+    """The stage's engine took job ``token`` of ``rid`` (a generation job once its GPU turn
+    came)."""
+
+    op: ClassVar[str] = "started"
+    rid: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     op: ClassVar[str] = "chunk"
     rid: str
@@ -155,7 +165,8 @@ class Aborted:
 
 
 ToStage: TypeAlias = Submit | Abort | End | Ping | Shutdown
-ToServer: TypeAlias = Ready | Failed | Fatal | Pong | Chunk | Progress | Result | Error | Aborted
+ToServer: TypeAlias = (Ready | Failed | Fatal | Pong | Started | Chunk | Progress | Result | Error
+                      | Aborted)
 Message: TypeAlias = ToStage | ToServer
 _TO_STAGE = (Submit, Abort, End, Ping, Shutdown)
 #: The job messages that end a job on the stage.
@@ -249,8 +260,8 @@ def _spec(cls: type) -> tuple[_Field, ...]:
 
 #: Every message type by its ``op``.
 MESSAGES: dict[str, type] = {cls.op: cls for cls in (
-    Submit, Abort, End, Ping, Shutdown, Ready, Failed, Fatal, Pong, Chunk, Progress, Result,
-    Error, Aborted)}
+    Submit, Abort, End, Ping, Shutdown, Ready, Failed, Fatal, Pong, Started, Chunk, Progress,
+    Result, Error, Aborted)}
 _SPECS: dict[type, tuple[_Field, ...]] = {cls: _spec(cls) for cls in MESSAGES.values()}
 
 

@@ -29,6 +29,7 @@ SAMPLES: list[m.Message] = [
     m.Fatal("the GPU fell off the bus"),
     m.Pong(7, {"decoded": 3}, {"bytes": 10, "requests": 1}, {"allocated": 5}, {"steps": 2.5}),
     m.Pong(None, {}, {}),
+    m.Started("r1", 1),
     m.Chunk("r1", 1, {"step": 3}),
     m.Progress("r1", 1),
     m.Result("r1", 1, {"text": "done"}, 0.25, {"denoise": 0.2}),

@@ -238,6 +238,10 @@ def _stage_jobs(s: dict[str, Scrape]) -> None:
     assert after.value("sgl_omni_stage_jobs_total", stage="generation", outcome="completed") >= 5
     assert after.value("sgl_omni_stage_jobs_total", stage="generation", outcome="aborted") == 1
     assert after.value("sgl_omni_stage_jobs_total", stage="reasoner", outcome="failed") == 1
+    for stage in ("reasoner", "generation"):  # every job sent was taken by its engine
+        jobs = {o: after.value("sgl_omni_stage_jobs_total", stage=stage, outcome=o)
+                for o in ("submitted", "started")}
+        assert jobs["started"] == jobs["submitted"] > 0, (stage, jobs)
 
 
 def _restarts(s: dict[str, Scrape]) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import httpx
 import pytest
 
-from tests.kit import wait_for, wait_until
+from tests.kit import metric, wait_for, wait_until
 from tests.reliability.in_flight import GEN, IN_GENERATION, IN_REASONER, InFlight, interleaved
 from tests.reliability.kit import TrackedServer
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, SCRIPTED_UMM
@@ -75,6 +74,13 @@ def active_requests(server: TrackedServer) -> float:
     return float(match[1]) if match else 0.0
 
 
+#: The stage jobs that say every request of a kind reached its stage or its queue: umm, six
+#: first turns ended (the requests waiting for a generation), nine turns taken and a generation
+#: running; chat, both requests' turns taken; direct, one image running (the other queued).
+PLACED = {"umm": {("reasoner", "completed"): 6, ("reasoner", "started"): 9,
+                  ("generation", "started"): 1},
+          "chat": {("reasoner", "started"): 2},
+          "direct": {("generation", "started"): 1}}
 SERVERS = {"umm": (*SCRIPTED_UMM, "--orchestrator.factory.max_active", "64"),
            "chat": SCRIPTED_CHAT, "direct": SCRIPTED_GENERATION}
 
@@ -86,8 +92,9 @@ def test_sigterm_ends_in_flight_requests_with_503(kind: str) -> None:
         requests = in_flight(kind)
         release = threading.Event()
         threads = [r.start(srv.url, release) for r in requests]
-        wait_for(lambda: active_requests(srv) >= len(requests), timeout=15)
-        time.sleep(0.5)  # every request reached its stage (or its queue)
+        wait_for(lambda: active_requests(srv) >= len(requests)
+                 and all(metric(srv.server, stage, outcome, default=0) >= n
+                         for (stage, outcome), n in PLACED[kind].items()), timeout=15)
         log_from = len(srv.server.log())
 
         def release_once_draining() -> None:

@@ -201,7 +201,9 @@ def test_beyond_max_waiting_a_request_is_refused_at_once(cluster: RayCluster) ->
 
     waiting = threading.Thread(target=timed)
     waiting.start()
-    time.sleep(0.5)  # the first one is in the gateway's waiting room (its one place)
+    # the first one is in the gateway's waiting room (its one place)
+    assert wait_until(lambda: gateway_metric(fleet, "sgl_omni_gateway_waiting_requests") == 1,
+                      timeout=30)
     timed()
     waiting.join()
     refused, admitted = answers  # the second request's answer comes first

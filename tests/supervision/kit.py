@@ -80,12 +80,12 @@ def wait_health(server: Server, status: str, timeout: float = BACK_WITHIN_S) -> 
     raise AssertionError(f"/health never said {status!r}; last: {last}")
 
 
-def wait_jobs(server: Server, stage: str, submitted: int, timeout: float = 10) -> None:
-    """Wait until the stage has been sent ``submitted`` jobs (the request is in flight)."""
-    if not wait_until(lambda: metric(server, stage, "submitted", default=0) >= submitted,
+def wait_jobs(server: Server, stage: str, started: int, timeout: float = 10) -> None:
+    """Wait until the stage's engine has taken ``started`` jobs (``/metrics``' ``started``
+    outcome: the request is in flight and running on the stage)."""
+    if not wait_until(lambda: metric(server, stage, "started", default=0) >= started,
                       timeout, poll=0.02):
-        raise AssertionError(f"{stage} never got {submitted} job(s)")
-    time.sleep(0.2)  # let the stage start the job
+        raise AssertionError(f"{stage} never started {started} job(s)")
 
 
 def restarts(server: Server, stage: str) -> float:

@@ -1,4 +1,5 @@
-"""Where an aborted job stopped is in the stage's log, however early the abort came.
+"""Where an aborted job stopped is in the stage's log, however early the abort came; a job is
+reported ``started`` only once its engine has it.
 
 An abort can reach a generation stage before its engine ran any of the job: in the same read as
 the job's submit (a client that left at once, on a loaded host), or while the job waited for
@@ -27,10 +28,10 @@ SPEC = EngineSpec(stage="generation", role="generation", backend="scripted", mod
                   gpu=None, gpu_memory_fraction=None, factory={"step_time_s": 0.2}, engine={})
 
 
-def submit(rid: str, order: float) -> Submit:
+def submit(rid: str, order: float, steps: int = STEPS) -> Submit:
     return Submit(rid, 1, {"modality": "image", "prompt": "a slow cube",
                            "options": {"width": 32, "height": 32,
-                                       "num_inference_steps": STEPS}}, order=order)
+                                       "num_inference_steps": steps}}, order=order)
 
 
 def on_a_stage(scenario: Callable[[_StageServer], Awaitable[None]]) -> list[str]:
@@ -77,7 +78,7 @@ def test_an_abort_that_arrives_with_its_submit_is_logged_as_before_the_engine(
 
     with caplog.at_level(logging.INFO, logger="sglang_omni"):
         sent = on_a_stage(scenario)
-    assert "aborted" in sent and "result" not in sent
+    assert "aborted" in sent and "result" not in sent and "started" not in sent
     assert "request left-at-once aborted before its engine began it" in caplog.text
     assert "generation cancelled at step" not in caplog.text
 
@@ -99,7 +100,21 @@ def test_an_abort_while_waiting_for_the_gpu_says_so_and_the_running_job_its_step
     with caplog.at_level(logging.INFO, logger="sglang_omni"):
         sent = on_a_stage(scenario)
     assert sent.count("aborted") == 2 and "result" not in sent
+    assert sent.count("started") == 1  # the older job's: the younger never began
     assert "request younger aborted before its engine began it (it waited" in caplog.text
     assert "request younger: generation cancelled" not in caplog.text
     assert "request older: generation cancelled at step 0 of 50" in caplog.text
     assert re.search(r"request older aborted$", caplog.text, re.MULTILINE)
+
+
+def test_a_job_is_reported_started_once_its_engine_takes_it() -> None:
+    """``started`` tells the server the engine took the job (``sgl_omni_stage_jobs_total``):
+    a generation job waiting for its GPU turn behind an older one is not started yet."""
+    async def scenario(stage: _StageServer) -> None:
+        stage._handle(submit("older", 1.0, steps=2), [])
+        stage._handle(submit("younger", 2.0, steps=2), [])
+        await ended(stage, "older")
+        await ended(stage, "younger")
+
+    jobs = [op for op in on_a_stage(scenario) if op in ("started", "result")]
+    assert jobs == ["started", "result", "started", "result"]

@@ -1,7 +1,8 @@
 """The call table of one stage: the calls in flight, their dispatch tokens, the jobs the stage
 process holds, and the stage's job messages applied to them.
 
-Every call has a fresh dispatch token; a job message (``chunk``, ``result``, ``error``) whose
+Every call has a fresh dispatch token; a job message (``started``, ``chunk``, ``result``,
+``error``) whose
 (rid, token) is not the pending call's is dropped and counted, so a late, duplicated or forged
 message never advances a request. A job stays *open* from its submit until the stage says it
 ended (``result``, ``error`` or ``aborted``): an aborted job stays open until then, and its
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_omni.contract.job import clean_spans
-from sglang_omni.contract.messages import JOB_ENDS, Aborted, Chunk, Error, Result
+from sglang_omni.contract.messages import JOB_ENDS, Aborted, Chunk, Error, Result, Started
 from sglang_omni.contract.result import Frames, StageResult
 from sglang_omni.errors import OmniError, StageCallError
 
@@ -42,6 +43,9 @@ class Pending:
 @dataclass
 class StageCounters:
     submitted: int = 0
+    #: Jobs whose engine began them (the stage's ``started``; a generation job waits for its
+    #: GPU turn first).
+    started: int = 0
     completed: int = 0
     failed: int = 0
     aborted: int = 0
@@ -124,6 +128,16 @@ class CallTable:
         if not self.open:
             return 0.0
         return max(0.0, time.monotonic() - self.last_progress)
+
+    def on_started(self, message: Started, _: Frames) -> None:
+        """The stage's engine began a job: counted while the job is open (a stale one is
+        dropped)."""
+        self.last_progress = time.monotonic()
+        if (message.rid, message.token) in self.open:
+            self.counters.started += 1
+        else:
+            self.counters.dropped += 1
+            log.debug("%s: dropped stale started for %s", self.stage, message.rid)
 
     def on_job_message(self, message: Chunk | Result | Error | Aborted, frames: Frames) -> None:
         """Apply a job message of the stage (a ``progress`` is the handle's)."""

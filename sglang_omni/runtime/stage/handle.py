@@ -52,6 +52,7 @@ from sglang_omni.contract.messages import (
     Ready,
     Result,
     Shutdown,
+    Started,
     Submit,
     ToStage,
     decode_to_server,
@@ -142,7 +143,8 @@ class StageHandle(StageFaults):
         self._removals: set[asyncio.Future[None]] = set()
         #: What each message from the stage does (on the loop).
         self._handlers: dict[type, Callable[[Any, Frames], None]] = {
-            Pong: self._on_pong, Progress: self._on_progress, Chunk: self.calls.on_job_message,
+            Pong: self._on_pong, Progress: self._on_progress, Started: self.calls.on_started,
+            Chunk: self.calls.on_job_message,
             Result: self.calls.on_job_message, Error: self.calls.on_job_message,
             Aborted: self.calls.on_job_message, Ready: self._on_ready, Fatal: self._on_fatal,
             Failed: self._on_failed}

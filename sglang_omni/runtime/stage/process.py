@@ -22,7 +22,9 @@ CUDA in this process, ``memory_faults.device_memory``). A ``submit`` may carry
 An engine error that is an allocation failure (``memory_faults``) fails its request with
 ``OutOfGPUMemory`` and frees the memory; any other engine error fails its request with a 500.
 Stage -> server: ``ready {pid, stops_server_on_exit}``,
-``failed {message}``, ``chunk {rid, token, data}``,
+``failed {message}``, ``started {rid, token}`` (the engine began the job: on a generation
+stage once its GPU turn came; the server counts it, ``sgl_omni_stage_jobs_total``),
+``chunk {rid, token, data}``,
 ``result {rid, token, payload, engine_s, spans}`` + frames, ``error {rid, token, status, type,
 message}``, ``aborted {rid, token}``, ``progress {rid, token}`` (the engine's ``job.progress()``,
 at most one per job every :data:`PROGRESS_EVERY_S`; the server's liveness check reads it), and
@@ -79,6 +81,7 @@ from sglang_omni.contract.messages import (
     Ready,
     Result,
     Shutdown,
+    Started,
     Submit,
     ToServer,
     ToStage,
@@ -485,7 +488,7 @@ class _StageServer:
             job.turn = self.turns.turn(
                 rid, float(order) if order is not None else time.monotonic(),
                 job.cancelled, job.progress)
-        task = asyncio.get_running_loop().create_task(self._run(job))
+        task = asyncio.get_running_loop().create_task(self._run(job, token))
         started = time.perf_counter()
 
         def done(t: asyncio.Task, j: Job = job, k: int = token, t0: float = started) -> None:
@@ -494,18 +497,23 @@ class _StageServer:
         task.add_done_callback(done)
         self.jobs[rid] = (job, task, token)
 
-    async def _run(self, job: Job) -> Any:
-        """The engine's run of ``job``, within its GPU turn on a generation stage."""
+    async def _run(self, job: Job, token: int) -> Any:
+        """The engine's run of ``job``, within its GPU turn on a generation stage; ``started``
+        tells the server as the engine begins it."""
         turn = job.turn
         if turn is None:
-            job.began = True
+            self._began(job, token)
             return await self.engine.run(job)
         await turn.begin()
-        job.began = True
+        self._began(job, token)
         try:
             return await self.engine.run(job)
         finally:
             turn.end()
+
+    def _began(self, job: Job, token: int) -> None:
+        job.began = True
+        self.send(Started(job.rid, token))
 
     def _progress_reporter(self, rid: str, token: int) -> Callable[[], None]:
         """``job.progress`` of one job: sends ``progress`` at most every PROGRESS_EVERY_S;

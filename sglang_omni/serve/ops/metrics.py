@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 #: Seconds: from a 5 ms refusal to an hour-long interleaved request.
 LATENCY_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800,
                    3600)
-STAGE_OUTCOMES = ("submitted", "completed", "failed", "aborted", "dropped")
+STAGE_OUTCOMES = ("submitted", "started", "completed", "failed", "aborted", "dropped")
 
 
 class ServerMetrics:
