@@ -5,9 +5,11 @@ A replica runs the whole Omni FastAPI app in its own process and serves each req
 forwards to it (:mod:`~sglang_omni.scale.gateway`) through :func:`call_asgi`. The app sees what
 uvicorn would give it: the body at once, then ``http.disconnect`` when the caller goes away.
 Closing or cancelling the iterator is the caller going away: the app is told the client
-disconnected and given ``grace_s`` to end (so an abort reaches the stages, as on one server)
-before it is cancelled. A WebSocket session runs the same way (:func:`run_asgi`), its client's
-messages taken from a queue the relay fills (:func:`websocket_receiver`).
+disconnected (what it sends of an HTTP answer from then on is dropped, as uvicorn drops it; a
+WebSocket send raises OSError) and given ``grace_s`` to end (so an abort reaches the stages, as
+on one server) before it is cancelled. A WebSocket session runs the same way
+(:func:`run_asgi`), its client's messages taken from a queue the relay fills
+(:func:`websocket_receiver`).
 """
 
 from __future__ import annotations
@@ -146,8 +148,10 @@ async def run_asgi(app: ASGIApp, scope: Scope, receiver: Callable[[asyncio.Event
     receive = receiver(gone)
 
     async def send(message: Message) -> None:
-        if gone.is_set():
-            raise OSError("the client went away")  # what a server's send does on a closed socket
+        if gone.is_set():  # as uvicorn does on a closed connection:
+            if scope["type"] == "http":
+                return  # an answer is dropped (the app saw ``http.disconnect``)
+            raise OSError("the client went away")  # a WebSocket send fails
         await queue.put(message)
 
     async def run() -> None:

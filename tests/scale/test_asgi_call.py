@@ -5,6 +5,7 @@ client disconnect the app sees (then, past the grace time, it is cancelled). Nee
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from sglang_omni.scale.asgi_call import call_asgi, forwarded, http_scope
+from sglang_omni.serve.wire.http_errors import JsonServerErrors
 
 
 def make_app(events: list[str]) -> Starlette:
@@ -101,6 +103,36 @@ def test_an_app_that_ignores_the_disconnect_is_cancelled_after_the_grace() -> No
 
     asyncio.run(asyncio.wait_for(main(), 5))
     assert events == ["cancelled"]
+
+
+def test_an_answer_the_app_sends_after_the_caller_left_is_dropped_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As uvicorn drops what an app sends on a closed connection: an app that answers once it
+    sees the disconnect (a replica whose gateway gave up on the call) is no unhandled error."""
+    entered, answered = asyncio.Event(), asyncio.Event()
+
+    async def late(request: Request) -> JSONResponse:
+        entered.set()
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        answered.set()
+        return JSONResponse({"too": "late"})
+
+    app = JsonServerErrors(Starlette(routes=[Route("/late", late)]))
+
+    async def main() -> None:
+        stream = call_asgi(app, http_scope(request("/late")), b"", grace_s=5)
+        task = asyncio.ensure_future(anext(stream))
+        await entered.wait()  # the app runs and waits for the disconnect
+        task.cancel()  # the caller goes away while the app has sent nothing
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await stream.aclose()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(asyncio.wait_for(main(), 10))
+    assert answered.is_set()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 def test_an_app_exception_reaches_the_caller() -> None:
