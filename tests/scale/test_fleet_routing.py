@@ -44,6 +44,28 @@ def generate(fleet: Fleet, prompt: str = ONE_IMAGE, params: dict | None = None) 
                       timeout=60).status_code
 
 
+def warm_both(fleet: Fleet) -> None:
+    """Both replicas measure a generation: two requests at once, which the router spreads when
+    both are in flight together; on a loaded machine the first may end before the second is
+    routed (the router may then send it to the same replica), and a replica starved of CPU past
+    replica_silence_s has its call answered 500 by the gateway, so pairs go until both
+    measured. The warm-up's answers are in the failure message, not checked: what the tests
+    check comes after it."""
+    answers: list[int] = []
+    for _ in range(WARM_ROUNDS):
+        warm = [threading.Thread(target=lambda: answers.append(generate(fleet)))
+                for _ in range(2)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join()
+        if wait_until(lambda: all(r["quote"]["generation_s"] for r in fleet.stats()),
+                      timeout=5):  # a few stats periods
+            return
+    raise AssertionError(f"the replicas did not both measure a generation in {WARM_ROUNDS} "
+                         f"pairs of requests (answers {answers}): {fleet.stats()}")
+
+
 def refusals(fleet: Fleet) -> dict[str, int]:
     return {s["replica"]: s["answers"].get("503", 0) for s in fleet.stats()}
 
@@ -75,21 +97,7 @@ def test_the_planned_times_let_an_idle_replica_admit_after_a_slow_transit(
 
 def test_the_deadline_router_avoids_a_replica_whose_plan_refuses(cluster: RayCluster) -> None:
     fleet = deploy(cluster, *PLANNED)
-    # Both replicas measure a generation: two at once, which the router spreads when both are
-    # in flight together; on a loaded machine the first may end before the second is routed,
-    # and the router may then send it to the same replica, so pairs go until both measured.
-    for _ in range(WARM_ROUNDS):
-        warmed: list[int] = []
-        warm = [threading.Thread(target=lambda w=warmed: w.append(generate(fleet)))
-                for _ in range(2)]
-        for t in warm:
-            t.start()
-        for t in warm:
-            t.join()
-        assert warmed == [200, 200], (warmed, fleet.stats())
-        if wait_until(lambda: all(r["quote"]["generation_s"] for r in fleet.stats()),
-                      timeout=5):  # a few stats periods
-            break
+    warm_both(fleet)
     stats = fleet.wait(lambda s: all(r["quote"]["generation_s"] for r in s) and s,
                        what="both replicas measured a generation")
     fleet.wait(lambda s: not any(r["in_flight"] or r["planned_in_flight"] or r["stage_jobs"]
@@ -139,13 +147,7 @@ def test_a_503_is_retried_on_another_replica(cluster: RayCluster, retries: int |
 
 def fill_both_replicas(fleet: Fleet) -> list[threading.Thread]:
     """Both replicas measure a generation, then each holds a 3 s request (max_active 1)."""
-    warm = [threading.Thread(target=generate, args=(fleet,)) for _ in range(2)]
-    for t in warm:  # both replicas measure a generation (max_active 1: one each)
-        t.start()
-    for t in warm:
-        t.join()
-    fleet.wait(lambda s: all(r["quote"]["generation_s"] for r in s),
-               what="both replicas measured a generation")
+    warm_both(fleet)
     time.sleep(1.2)  # two stats periods: the router sees the measurements too
     long = script({"action": "image", "prompt": "!sleep=3 long"},
                   {"action": "final", "text": "ok"})
