@@ -22,7 +22,7 @@ pytest.importorskip("ray")
 
 from sglang_omni.scale.gateway import SESSION_LOST  # noqa: E402
 from tests.generation.test_realtime_ws import ACTION, INIT, closed_code, recv  # noqa: E402
-from tests.scale.kit import RayCluster, deploy, whole_read  # noqa: E402
+from tests.scale.kit import RayCluster, deploy, settle, whole_read  # noqa: E402
 from tests.scale.test_fleet_routes import answer  # noqa: E402
 from tests.server import SCRIPTED_CHAT, SCRIPTED_GENERATION, Server  # noqa: E402
 
@@ -171,7 +171,7 @@ def test_websocket_sessions_are_relayed(cluster: RayCluster) -> None:
         one.send(msgpack.packb({**INIT, "max_chunks": 40}))
         assert recv(one)["type"] == "frame_batch"
         fleet.wait(lambda s: sum(r["in_flight"] for r in s) == 1, what="the first session")
-        time.sleep(1.2)  # two stats periods: the router sees it
+        settle(fleet)  # the router sees it
         with ws(fleet, "/v1/realtime_video/generate") as two:  # one server would refuse it
             two.send(msgpack.packb({**INIT, "max_chunks": 2}))
             chunks = [recv(two), recv(two)]

@@ -18,7 +18,7 @@ pytest.importorskip("ray")
 from sglang_omni.pipeline.planner import Admit, GenerationFinished, TurnEnded  # noqa: E402
 from tests.kit import script, wait_until  # noqa: E402
 from tests.planner.kit import make  # noqa: E402
-from tests.scale.kit import Fleet, RayCluster, deploy, gateway_metric  # noqa: E402
+from tests.scale.kit import Fleet, RayCluster, deploy, gateway_metric, settle  # noqa: E402
 
 #: One image of 4 steps of 0.5 s: 2 s on the stage (3 s and more beside two CPU burners).
 #: timeout_s 60 fits an idle server's 8 generations (the most a request plans) with 12 s or more
@@ -148,7 +148,7 @@ def test_a_503_is_retried_on_another_replica(cluster: RayCluster, retries: int |
 def fill_both_replicas(fleet: Fleet) -> list[threading.Thread]:
     """Both replicas measure a generation, then each holds a 3 s request (max_active 1)."""
     warm_both(fleet)
-    time.sleep(1.2)  # two stats periods: the router sees the measurements too
+    settle(fleet)  # the router sees the measurements too
     long = script({"action": "image", "prompt": "!sleep=3 long"},
                   {"action": "final", "text": "ok"})
     held = [hold(fleet, long)]
