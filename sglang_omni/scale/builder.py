@@ -73,7 +73,7 @@ def application(plan: ReplicaPlan, config: ResolvedConfig, options: ScaleOptions
         name="OmniGateway", num_replicas=options.gateways,
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=MAX_ONGOING,
     )(Gateway).bind(replica, config.server, options.retry_limit, options.replicas,
-                    options.max_waiting, options.replica_silence_s, options.fleet_read_s)
+                    options.waiting_places, options.replica_silence_s, options.fleet_read_s)
 
 
 def router_kwargs(options: ScaleOptions) -> dict[str, Any]:

@@ -138,6 +138,13 @@ class ScaleOptions:
             return self.retries
         return min(3, self.replicas - 1)
 
+    @property
+    def waiting_places(self) -> int:
+        """Places in each gateway's waiting room: ``max_waiting`` where a request may wait
+        (the ``deadline`` router with ``max_wait_s`` above 0), else none (no request waits, so
+        none is counted as waiting while it travels to the replica that refuses it)."""
+        return self.max_waiting if self.router == "deadline" and self.max_wait_s > 0 else 0
+
 
 @dataclass(frozen=True)
 class ReplicaPlan:

@@ -106,6 +106,15 @@ def test_only_the_deadline_router_takes_the_wait() -> None:
     assert router_kwargs(ScaleOptions(router="pow2")) == {}
 
 
+def test_the_waiting_room_has_places_only_where_a_request_may_wait() -> None:
+    """No request waits with ``--max-wait-s 0`` or a router that never holds one: the gateway
+    then counts none as waiting (its gauge stayed 1 while a refused request travelled)."""
+    assert ScaleOptions(max_waiting=7).waiting_places == 7
+    assert ScaleOptions(max_waiting=7, max_wait_s=0.0).waiting_places == 0
+    assert ScaleOptions(max_waiting=7, router="pow2").waiting_places == 0
+    assert ScaleOptions(max_waiting=7, router="round_robin").waiting_places == 0
+
+
 def test_the_waiting_room_holds_max_waiting_requests() -> None:
     pytest.importorskip("ray.serve")
     from sglang_omni.scale.waiting_room import WaitingRoom
