@@ -1,14 +1,13 @@
 """The call table of one stage: the calls in flight, their dispatch tokens, the jobs the stage
 process holds, and the stage's job messages applied to them.
 
-Every call has a fresh dispatch token; a job message (``started``, ``chunk``, ``result``,
-``error``) whose
+Every call has a fresh dispatch token; a job message (``chunk``, ``result``, ``error``) whose
 (rid, token) is not the pending call's is dropped and counted, so a late, duplicated or forged
-message never advances a request. A job stays *open* from its submit until the stage says it
-ended (``result``, ``error`` or ``aborted``): an aborted job stays open until then, and its
-waiter (:meth:`CallTable.aborting`) is released then, or when the stage dies. The time of the
-last sign of progress on an open job is kept for the liveness check (:meth:`silent_s`). Use
-from the server's event loop only.
+message never advances a request; a ``started`` is counted only for an open job. A job stays
+*open* from its submit until the stage says it ended (``result``, ``error`` or ``aborted``): an
+aborted job stays open until then, and its waiter (:meth:`CallTable.aborting`) is released
+then, or when the stage dies. The time of the last sign of progress on an open job is kept for
+the liveness check (:meth:`silent_s`). Use from the server's event loop only.
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ class Pending:
 @dataclass
 class StageCounters:
     submitted: int = 0
-    #: Jobs whose engine began them (the stage's ``started``; a generation job waits for its
-    #: GPU turn first).
+    #: Jobs the stage's engine took (its ``started``; a generation job waits for its GPU turn
+    #: first).
     started: int = 0
     completed: int = 0
     failed: int = 0
@@ -130,8 +129,8 @@ class CallTable:
         return max(0.0, time.monotonic() - self.last_progress)
 
     def on_started(self, message: Started, _: Frames) -> None:
-        """The stage's engine began a job: counted while the job is open (a stale one is
-        dropped)."""
+        """The stage's engine took a job: counted while the job is open (one that ended, or of
+        an earlier process, is dropped and counted)."""
         self.last_progress = time.monotonic()
         if (message.rid, message.token) in self.open:
             self.counters.started += 1

@@ -22,7 +22,7 @@ CUDA in this process, ``memory_faults.device_memory``). A ``submit`` may carry
 An engine error that is an allocation failure (``memory_faults``) fails its request with
 ``OutOfGPUMemory`` and frees the memory; any other engine error fails its request with a 500.
 Stage -> server: ``ready {pid, stops_server_on_exit}``,
-``failed {message}``, ``started {rid, token}`` (the engine began the job: on a generation
+``failed {message}``, ``started {rid, token}`` (the engine took the job: on a generation
 stage once its GPU turn came; the server counts it, ``sgl_omni_stage_jobs_total``),
 ``chunk {rid, token, data}``,
 ``result {rid, token, payload, engine_s, spans}`` + frames, ``error {rid, token, status, type,
@@ -499,7 +499,7 @@ class _StageServer:
 
     async def _run(self, job: Job, token: int) -> Any:
         """The engine's run of ``job``, within its GPU turn on a generation stage; ``started``
-        tells the server as the engine begins it."""
+        tells the server as the engine takes it."""
         turn = job.turn
         if turn is None:
             self._began(job, token)
